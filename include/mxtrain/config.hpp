@@ -1,0 +1,119 @@
+#pragma once
+// Configuration: YAML files in the recipe's key layout (defaults.yaml + L0_sanity.yaml / L1_8x7B_ep.yaml +
+// model shape files), Hydra-style overrides, validation, and the typed view the trainer uses.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace YAML { class Node; }
+
+namespace mxt {
+
+// Every bad-config error: the message names the key, the value and what was expected.
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// HF MixtralConfig fields (config_kwargs).
+struct ModelConfig {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t num_local_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t max_position_embeddings = 0;
+  double rope_theta = 1e6;
+  double rms_norm_eps = 1e-5;
+  double initializer_range = 0.02;
+  double router_aux_loss_coef = 0.0;
+  double router_jitter_noise = 0.0;
+  bool tie_word_embeddings = false;
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+};
+
+struct DatasetConfig {
+  int64_t micro_batch_size = 1;
+  int64_t max_seq_length = 128;
+  int64_t stride = 0;            // tokens shared by consecutive windows (HF tokenizer "stride")
+  std::string source = "embedded";  // embedded | fasta | tokens
+  std::vector<std::string> paths;   // data files for fasta / tokens
+  std::string token_dtype = "uint16";  // flat token files: uint16 | uint32
+  bool shuffle = true;
+  int64_t eos_token_id = 0;  // appended after each FASTA record
+};
+
+struct AdamWConfig {
+  double lr = 3e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.033;
+};
+
+struct LRSchedulerConfig {
+  int64_t num_warmup_steps = 0, num_decay_steps = 0;
+  double min_lr_ratio = 0.0;
+};
+
+struct ParallelismConfig {
+  int64_t dp_size = 1, ep_size = 1;
+};
+
+struct Fp8Config {
+  bool enabled = false;
+  std::string fp8_recipe = "MXFP8BlockScaling";
+  std::string fp8_format = "E4M3";
+};
+
+struct CheckpointConfig {
+  std::string ckpt_dir;
+  int64_t save_every_n_steps = 0;
+  bool resume_from_checkpoint = false;
+  int64_t max_checkpoints = 0;
+  bool save_final_model = false;
+  bool async_save = false;
+};
+
+struct LoggerConfig {
+  int64_t frequency = 1;
+  std::string metrics_file;  // JSON lines; empty: <output_dir>/metrics.jsonl
+};
+
+struct TrainConfig {
+  ModelConfig model;
+  DatasetConfig dataset;
+  AdamWConfig adamw;
+  LRSchedulerConfig lr_scheduler;
+  ParallelismConfig parallelism;
+  Fp8Config fp8;
+  CheckpointConfig checkpoint;
+  LoggerConfig logger;
+  int64_t num_train_steps = 0;
+  int64_t grad_acc_steps = 1;
+  double max_grad_norm = 1.0;
+  uint64_t seed = 42;
+  std::string backend = "auto";  // auto | cpu | cuda
+  std::string output_dir = "outputs";
+  std::string init_from_pretrained;  // HF safetensors directory; empty: random init
+};
+
+struct LoadOptions {
+  std::string config_name;                // e.g. "L0_sanity" (with or without .yaml)
+  std::string config_path;                // directory; empty: the configs embedded in the binary
+  std::vector<std::string> overrides;     // "a.b=c", "+a.b=c"
+};
+
+// Resolve a config: load, merge its `defaults:` list, apply overrides, check keys and types against the
+// schema (configs/defaults.yaml). Throws ConfigError naming the key / file / value.
+YAML::Node resolve_config(const LoadOptions& opt);
+// Typed view plus semantic checks that do not depend on the run (shape divisibility, ranges).
+TrainConfig to_train_config(const YAML::Node& resolved);
+// Checks that depend on the run: world size, data files present.
+void validate_for_run(const TrainConfig& cfg, int world_size);
+// YAML text of a resolved config (for --cfg job and checkpoints).
+std::string dump_config(const YAML::Node& resolved);
+
+// The configs compiled into the binary: name -> YAML text ("defaults", "L0_sanity", "model/mixtral-8x7B"...).
+const std::vector<std::pair<std::string, std::string>>& embedded_configs();
+
+}  // namespace mxt

@@ -1,0 +1,149 @@
+#pragma once
+// The op interface: every piece of math the model and trainer need, with forward and backward side by side.
+// Implementations: CpuOps (fp32 reference, the oracle for tests) and, later, CudaOps (bf16 storage, fp32
+// accumulation). Model and trainer code is written once against this interface.
+//
+// Conventions
+// - Row-major. Activations are [T, ...] with T = batch * seq tokens, token t = b * seq + s.
+// - Linear weights use HF's [out, in] layout: y = x W^T.
+// - "overwrite" outputs are fully written; "accumulate" outputs are added into (gradients of weights).
+// - Integer index tensors are I32. Routing / softmax statistics are always F32.
+// - Scalars that the host may want (loss, squared norms) are accumulated into small device tensors so that
+//   a device backend never has to synchronise inside the step.
+#include <cstdint>
+#include <memory>
+
+#include "mxtrain/tensor.hpp"
+
+namespace mxt {
+
+struct AttnShape {
+  int64_t batch = 0, seq = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+};
+
+struct AdamWStep {
+  float lr = 0.f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.f;
+  int64_t step = 1;        // 1-based, for bias correction
+  float grad_scale = 1.f;  // multiplies the gradient first (global-norm clipping coefficient)
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual Device device() const = 0;
+  virtual const char* name() const = 0;
+
+  // ---- memory -------------------------------------------------------------------------------------
+  virtual void* alloc(size_t bytes) = 0;  // zero-filled
+  virtual void release(void* p) = 0;
+  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- elementwise --------------------------------------------------------------------------------
+  virtual void zero(const Tensor& t) = 0;
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;  // equal numel; converts dtype
+  virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;  // out may alias a or b
+  virtual void mul(const Tensor& a, const Tensor& b, const Tensor& out) = 0;  // out may alias a or b
+  virtual void scale(const Tensor& t, float s) = 0;                           // in place
+  // acc[0] += sum(t^2), computed in fp64 and stored in F32 acc.
+  virtual void sum_squares(const Tensor& t, const Tensor& acc) = 0;
+
+  // ---- dense GEMM ---------------------------------------------------------------------------------
+  // C[M,N] = alpha * op(A) @ op(B) + beta * C. A is [M,K] ([K,M] if trans_a); B is [K,N] ([N,K] if trans_b).
+  virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const Tensor& A, const Tensor& B, float beta, const Tensor& C) = 0;
+
+  // ---- embedding ----------------------------------------------------------------------------------
+  // out[t,:] = table[ids[t],:]                       ids [T] I32, table [V,d], out [T,d] (overwrite)
+  virtual void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
+  // dtable[ids[t],:] += dout[t,:]                    dtable [V,d] (accumulate)
+  virtual void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) = 0;
+
+  // ---- RMSNorm (HF: fp32 x * rsqrt(mean(x^2) + eps), then * weight) ----------------------------------
+  // x [T,d], w [d] -> y [T,d] (overwrite), rstd [T] F32 (overwrite, saved for backward)
+  virtual void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                               const Tensor& rstd) = 0;
+  // dx [T,d] (overwrite), dw [d] (accumulate)
+  virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                const Tensor& dx, const Tensor& dw) = 0;
+
+  // ---- RoPE, HF rotate_half convention, in place ---------------------------------------------------
+  // x [T, n_heads, head_dim]; pos [T] I32. For i < h = head_dim/2, f_i = theta^(-2i/head_dim), a = pos*f_i:
+  //   x'[i] = x[i] cos a - x[i+h] sin a;  x'[i+h] = x[i+h] cos a + x[i] sin a
+  virtual void rope_forward(const Tensor& x, const Tensor& pos, float theta) = 0;
+  // The transpose (inverse) rotation applied to the gradient, in place.
+  virtual void rope_backward(const Tensor& dx, const Tensor& pos, float theta) = 0;
+
+  // ---- causal GQA attention, scale 1/sqrt(head_dim) -----------------------------------------------
+  // q [T,H,D], k,v [T,KVH,D], query head h reads kv head h / (H/KVH) (HF repeat_kv).
+  // out [T,H,D] (overwrite); lse [B,H,S] F32 log-sum-exp of the scaled scores (saved for backward).
+  virtual void attention_forward(const AttnShape& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& out, const Tensor& lse) = 0;
+  // dq, dk, dv (overwrite)
+  virtual void attention_backward(const AttnShape& s, const Tensor& dout, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& dq,
+                                  const Tensor& dk, const Tensor& dv) = 0;
+
+  // ---- router: softmax over all experts (fp32), top-k, renormalise --------------------------------
+  // logits [T,E] F32 -> probs [T,E] F32, topk_idx [T,k] I32 (descending prob, ties to the lower index),
+  // topk_w [T,k] F32 (renormalised to sum 1). All overwrite.
+  virtual void router_forward(const Tensor& logits, int k, const Tensor& probs, const Tensor& topk_idx,
+                              const Tensor& topk_w) = 0;
+  // dtopk_w [T,k]; dprobs_extra [T,E] is an extra gradient on probs (aux loss) or an empty Tensor.
+  // dlogits [T,E] F32 (overwrite).
+  virtual void router_backward(const Tensor& dtopk_w, const Tensor& probs, const Tensor& topk_idx,
+                               const Tensor& topk_w, const Tensor& dprobs_extra, const Tensor& dlogits) = 0;
+  // Load-balancing statistics over experts: prob_sum[e] += sum_t probs[t,e]; count[e] += #(t,j) with
+  // topk_idx[t,j] == e. Both [E] F32 (accumulate).
+  virtual void router_aux_stats(const Tensor& probs, const Tensor& topk_idx, const Tensor& prob_sum,
+                                const Tensor& count) = 0;
+  // dprobs[t,e] = coef[e] for every t (overwrite). coef [E] F32, dprobs [T,E] F32.
+  virtual void broadcast_rows(const Tensor& coef, const Tensor& dprobs) = 0;
+
+  // ---- MoE permutation ----------------------------------------------------------------------------
+  // From topk_idx [T,k]: offsets [E+1] I32 (rows of expert e are [offsets[e], offsets[e+1])) and
+  // perm [T*k] I32: permuted row p holds slot perm[p] = t*k + j. Within an expert, slots ascend.
+  virtual void moe_plan(const Tensor& topk_idx, int num_experts, const Tensor& offsets,
+                        const Tensor& perm) = 0;
+  // xp[p,:] = x[perm[p] / k,:]          x [T,d], xp [T*k,d] (overwrite)
+  virtual void moe_permute(const Tensor& x, const Tensor& perm, int k, const Tensor& xp) = 0;
+  // out[t,:] = sum_{p: perm[p]/k == t} yp[p,:]   (overwrite). Also the backward of moe_permute.
+  virtual void moe_unpermute(const Tensor& yp, const Tensor& perm, int k, const Tensor& out) = 0;
+  // wp[p] = w[perm[p]]  (w [T*k] F32 flat)           and its backward dw[perm[p]] = dwp[p] (overwrite).
+  virtual void moe_permute_weights(const Tensor& w, const Tensor& perm, const Tensor& wp) = 0;
+  virtual void moe_unpermute_weights(const Tensor& dwp, const Tensor& perm, const Tensor& dw) = 0;
+
+  // ---- grouped expert GEMMs over rows grouped by expert (offsets [E+1]) ---------------------------------
+  // y[r,:] = x[r,:] @ W[e]^T for r in expert e.   x [R,in], W [E,out,in], y [R,out] (overwrite)
+  virtual void grouped_gemm(const Tensor& x, const Tensor& W, const Tensor& offsets, const Tensor& y) = 0;
+  // dx[r,:] = dy[r,:] @ W[e]                       dx [R,in] (overwrite)
+  virtual void grouped_gemm_dgrad(const Tensor& dy, const Tensor& W, const Tensor& offsets,
+                                  const Tensor& dx) = 0;
+  // dW[e] += dy_e^T @ x_e                          dW [E,out,in] (accumulate)
+  virtual void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                                  const Tensor& dW) = 0;
+
+  // ---- SwiGLU x routing weight --------------------------------------------------------------------
+  // h13 [R,2f] = [gate | up]; a[r,i] = silu(gate[r,i]) * up[r,i] * wp[r]   a [R,f] (overwrite)
+  virtual void swiglu_forward(const Tensor& h13, const Tensor& wp, const Tensor& a) = 0;
+  // dh13 [R,2f] (overwrite), dwp [R] F32 (overwrite)
+  virtual void swiglu_backward(const Tensor& da, const Tensor& h13, const Tensor& wp, const Tensor& dh13,
+                               const Tensor& dwp) = 0;
+
+  // ---- LM head + cross-entropy (never needs the full logits of the batch at once) -----------------------
+  // logits = h @ W^T; loss_t = logsumexp(logits_t) - logits_t[labels[t]] for labels[t] >= 0 (-100: ignored).
+  // loss_sum[0] += sum_t loss_t (F32 [1]). If dh is non-empty: dh [T,d] (overwrite) and dW [V,d]
+  // (accumulate) get the gradient of grad_scale * sum_t loss_t.
+  virtual void lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& labels, float grad_scale,
+                            const Tensor& loss_sum, const Tensor& dh, const Tensor& dW) = 0;
+
+  // ---- optimizer ----------------------------------------------------------------------------------
+  // torch.optim.AdamW semantics (decoupled weight decay), on F32 param/grad/m/v of equal numel.
+  virtual void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                          const AdamWStep& s) = 0;
+};
+
+std::unique_ptr<Ops> make_cpu_ops();
+
+}  // namespace mxt
