@@ -36,6 +36,8 @@ class BatchLoader {
   BatchLoader(std::vector<int32_t> tokens, const DatasetConfig& cfg, uint64_t seed, int rank, int world);
   void next(Batch& out);  // fills micro_batch_size rows
   int64_t num_windows() const { return static_cast<int64_t>(starts_.size()); }
+  // Windows this rank reads per epoch: num_windows / world (the remainder is skipped so ranks stay in step).
+  int64_t windows_per_epoch() const;
   int64_t epoch() const { return epoch_; }
   int64_t cursor() const { return cursor_; }
   // The position, for exact resume.

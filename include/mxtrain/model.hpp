@@ -1,0 +1,86 @@
+#pragma once
+// Mixtral forward and backward over the op interface (no autograd): each sublayer has an explicit forward
+// that saves into the activation arena and a backward beside it.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mxtrain/arena.hpp"
+#include "mxtrain/config.hpp"
+#include "mxtrain/ops.hpp"
+#include "mxtrain/params.hpp"
+
+namespace mxt {
+
+// What one layer's forward keeps for its backward.                      (T tokens, R = T*k routed rows)
+struct LayerActs {
+  Tensor x_in;                  // (T, d) residual stream entering the layer
+  Tensor ln1, rstd1;            // (T, d), (T)
+  Tensor q, k, v;               // (T, H*hd), (T, KVH*hd) x2, after RoPE
+  Tensor attn, lse;             // (T, H*hd), (B, H, S)
+  Tensor x_mid;                 // (T, d) after the attention residual
+  Tensor ln2, rstd2;            // (T, d), (T)
+  Tensor noise;                 // (T, d) router jitter factors (only with jitter)
+  Tensor moe_in;                // (T, d) = ln2 * noise (aliases ln2 without jitter)
+  Tensor probs, topk_idx, topk_w;  // (T, E), (T, k), (T, k)
+  Tensor offsets, perm;         // (E+1), (R)
+  Tensor xp, wp, h13, act;      // (R, d), (R), (R, 2f), (R, f)
+};
+
+// Backward scratch, reused by every layer (layers run backward one at a time).
+struct Scratch {
+  Tensor dx, dtmp;              // (T, d) gradient of the residual stream, and a sublayer's contribution
+  Tensor tmp;                   // (T, d) forward sublayer output before the residual add
+  Tensor dq, dk, dv, dattn;     // like q, k, v, attn
+  Tensor logits, dlogits;       // (T, E)
+  Tensor dprobs_aux;            // (T, E)
+  Tensor dtopk_w;               // (T*k)
+  Tensor yp, dyp, dact, dh13, dxp, dwp;  // (R, d), (R, d), (R, f), (R, 2f), (R, d), (R)
+  Tensor aux_prob_sum, aux_count, aux_coef;  // (E)
+};
+
+struct MicroBatch {  // device tensors
+  Tensor ids, labels, pos;  // (T) I32
+};
+
+class MixtralModel {
+ public:
+  // allocate=false only plans the activation arena (for --dry-run): no memory, no forward.
+  MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch, int64_t seq, const ParamLayout& layout,
+               bool allocate = true);
+
+  // Point the model at its weights and gradient buffers (flat, laid out by the ParamLayout).
+  void bind(const Tensor& dense_w, const Tensor& expert_w, const Tensor& dense_g, const Tensor& expert_g);
+
+  // One micro-batch. loss_sum[0] += summed token cross-entropy. With compute_grad, gradients of
+  // ce_scale * sum(token CE) + aux_scale * coef * aux_loss are accumulated into the gradient buffers.
+  // jitter_seed feeds router jitter (training only). Returns the load-balancing aux loss (0 when off).
+  double forward_backward(const MicroBatch& mb, float ce_scale, float aux_scale, const Tensor& loss_sum,
+                          bool compute_grad, uint64_t jitter_seed);
+
+  const Arena& arena() const { return arena_; }
+  int64_t tokens() const { return T_; }
+
+ private:
+  void attention_forward(int l);
+  void attention_backward(int l);  // scratch.dx: in = grad wrt x_mid, out = grad wrt x_in
+  void moe_forward(int l, bool training, uint64_t jitter_seed);
+  void moe_backward(int l);        // scratch.dx: in = grad wrt layer output, out = grad wrt x_mid
+  double aux_loss_forward();       // after all layers: aux loss and per-expert gradient coefficients
+
+  ModelConfig cfg_;
+  Ops& ops_;
+  int64_t B_, S_, T_, R_, E_, k_, d_, f_;
+  AttnShape ashape_;
+  ParamLayout layout_;
+  ModelTensors w_, g_;
+  std::vector<LayerActs> acts_;
+  Scratch s_;
+  Tensor x_final_, ln_final_, rstd_final_;
+  const MicroBatch* mb_ = nullptr;
+  bool aux_on_ = false;
+  float aux_grad_scale_ = 0.f;
+  Arena arena_;
+};
+
+}  // namespace mxt

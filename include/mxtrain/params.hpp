@@ -1,0 +1,55 @@
+#pragma once
+// Parameters live in two flat buffers per role (dense: replicated on every rank; expert: sharded by EP later),
+// so the optimizer, gradient reduction and checkpoints work on a few large spans.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mxtrain/config.hpp"
+#include "mxtrain/tensor.hpp"
+
+namespace mxt {
+
+class Ops;
+
+struct ParamInfo {
+  std::string name;            // HF-style name; fused expert tensors: "...experts.w13" [E,2f,d], "...experts.w2"
+  std::vector<int64_t> shape;  // full shape (expert tensors: leading dim = experts held by this rank)
+  bool expert = false;
+  int64_t offset = 0;          // element offset in its flat buffer
+  int64_t numel = 0;
+  bool is_norm = false;        // initialised to ones
+};
+
+struct ParamLayout {
+  std::vector<ParamInfo> params;
+  int64_t dense_numel = 0, expert_numel = 0;
+  int64_t first_expert = 0, num_local_experts = 0;  // experts [first, first+num) live here
+  static ParamLayout build(const ModelConfig& m, int64_t first_expert, int64_t num_local_experts);
+  const ParamInfo& find(const std::string& name) const;
+};
+
+// One role's flat buffers (F32 master, gradient, AdamW moments); on the CPU backend the master copy is
+// also the working copy the forward reads.
+struct FlatParams {
+  Tensor master, grad, adam_m, adam_v;
+};
+
+// Typed views of one set of flat buffers (the weights, or their gradients).
+struct LayerTensors {
+  Tensor ln1, wq, wk, wv, wo, ln2, gate, w13, w2;
+};
+struct ModelTensors {
+  Tensor embed, norm, lm_head;
+  std::vector<LayerTensors> layers;
+};
+ModelTensors bind_tensors(const ParamLayout& layout, const ModelConfig& m, const Tensor& dense_flat,
+                          const Tensor& expert_flat);
+
+// HF-style init: normal(0, initializer_range) for matrices, ones for norms. Each tensor (and each expert of
+// an expert tensor, by global index) draws from its own stream derived from (seed, name), so the weights do
+// not depend on the parallel layout. Writes host F32 arrays sized like the flat buffers.
+void init_params_host(const ParamLayout& layout, const ModelConfig& m, uint64_t seed,
+                      std::vector<float>& dense, std::vector<float>& expert);
+
+}  // namespace mxt

@@ -1,0 +1,62 @@
+#pragma once
+// The training loop: micro-batches with gradient accumulation, global-norm clipping, AdamW, the LR schedule,
+// logging. One code path for every backend.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mxtrain/arena.hpp"
+#include "mxtrain/config.hpp"
+#include "mxtrain/data.hpp"
+#include "mxtrain/model.hpp"
+#include "mxtrain/ops.hpp"
+#include "mxtrain/params.hpp"
+
+namespace mxt {
+
+struct StepResult {
+  double loss = 0;       // mean cross-entropy (+ coef * aux) over the step's micro-batches
+  double aux_loss = 0;   // mean load-balancing loss (0 when off)
+  double grad_norm = 0;  // before clipping
+  double lr = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(const TrainConfig& cfg, Ops& ops, std::vector<int32_t> tokens, int rank = 0, int world = 1);
+  StepResult train_step();  // one optimizer step
+  // Runs until num_train_steps, logging every logger.frequency steps; returns the per-step losses.
+  std::vector<double> run();
+
+  int64_t step() const { return step_; }
+  MixtralModel& model() { return *model_; }
+  const ParamLayout& layout() const { return layout_; }
+  FlatParams& dense() { return dense_; }
+  FlatParams& expert() { return expert_; }
+
+ private:
+  TrainConfig cfg_;
+  Ops& ops_;
+  int rank_, world_;
+  ParamLayout layout_;
+  Arena state_;  // parameters, optimizer state, batch inputs, scalars
+  FlatParams dense_, expert_;
+  MicroBatch mb_;
+  Tensor loss_slots_, norm_acc_;
+  std::unique_ptr<MixtralModel> model_;
+  BatchLoader loader_;
+  Batch batch_;
+  int64_t step_ = 0;
+};
+
+// Bytes per rank that the config will use: parameters + optimizer state, and the activation arena.
+struct MemoryPlan {
+  int64_t dense_params = 0, expert_params = 0;
+  size_t param_bytes = 0, activation_bytes = 0;
+  std::vector<std::pair<std::string, size_t>> largest;  // biggest activation buffers
+};
+MemoryPlan plan_memory(const TrainConfig& cfg, Ops& ops);
+std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p);
+
+}  // namespace mxt

@@ -1,0 +1,15 @@
+// CPU-only build of include/mxtrain/device_info.hpp. In the CUDA build (MXTRAIN_HAVE_CUDA defined) this file
+// compiles to nothing and kernels/device_info.cu provides the functions.
+#ifndef MXTRAIN_HAVE_CUDA
+
+#include "mxtrain/device_info.hpp"
+
+namespace mxt {
+
+int cuda_device_count() noexcept { return 0; }
+
+std::string cuda_device_summary() { return "no CUDA device"; }
+
+}  // namespace mxt
+
+#endif  // MXTRAIN_HAVE_CUDA

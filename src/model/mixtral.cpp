@@ -1,0 +1,136 @@
+// Mixtral: embedding -> N x [attention block, MoE block] -> RMSNorm -> LM head + cross-entropy.
+#include <string>
+#include <vector>
+
+#include "mxtrain/model.hpp"
+
+namespace mxt {
+
+MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch, int64_t seq,
+                           const ParamLayout& layout, bool allocate)
+    : cfg_(cfg), ops_(ops), B_(micro_batch), S_(seq), layout_(layout) {
+  T_ = B_ * S_;
+  k_ = cfg.num_experts_per_tok;
+  E_ = cfg.num_local_experts;
+  R_ = T_ * k_;
+  d_ = cfg.hidden_size;
+  f_ = cfg.intermediate_size;
+  const int64_t hd = cfg.head_dim(), H = cfg.num_attention_heads, KVH = cfg.num_key_value_heads;
+  ashape_ = {B_, S_, H, KVH, hd};
+  aux_on_ = cfg.router_aux_loss_coef > 0;
+  const bool jitter = cfg.router_jitter_noise > 0;
+
+  acts_.resize(cfg.num_hidden_layers);
+  const DType F = DType::F32, I = DType::I32;
+  for (size_t l = 0; l < acts_.size(); ++l) {
+    LayerActs& a = acts_[l];
+    const std::string p = "layer" + std::to_string(l) + ".";
+    arena_.add(a.x_in, p + "x_in", F, {T_, d_});
+    arena_.add(a.ln1, p + "ln1", F, {T_, d_});
+    arena_.add(a.rstd1, p + "rstd1", F, {T_});
+    arena_.add(a.q, p + "q", F, {T_, H * hd});
+    arena_.add(a.k, p + "k", F, {T_, KVH * hd});
+    arena_.add(a.v, p + "v", F, {T_, KVH * hd});
+    arena_.add(a.attn, p + "attn", F, {T_, H * hd});
+    arena_.add(a.lse, p + "lse", F, {B_, H, S_});
+    arena_.add(a.x_mid, p + "x_mid", F, {T_, d_});
+    arena_.add(a.ln2, p + "ln2", F, {T_, d_});
+    arena_.add(a.rstd2, p + "rstd2", F, {T_});
+    if (jitter) {
+      arena_.add(a.noise, p + "jitter_noise", F, {T_, d_});
+      arena_.add(a.moe_in, p + "moe_in", F, {T_, d_});
+    }
+    arena_.add(a.probs, p + "router_probs", F, {T_, E_});
+    arena_.add(a.topk_idx, p + "topk_idx", I, {T_, k_});
+    arena_.add(a.topk_w, p + "topk_w", F, {T_, k_});
+    arena_.add(a.offsets, p + "expert_offsets", I, {E_ + 1});
+    arena_.add(a.perm, p + "perm", I, {R_});
+    arena_.add(a.xp, p + "expert_in", F, {R_, d_});
+    arena_.add(a.wp, p + "expert_weight", F, {R_});
+    arena_.add(a.h13, p + "expert_h13", F, {R_, 2 * f_});
+    arena_.add(a.act, p + "expert_act", F, {R_, f_});
+  }
+  arena_.add(x_final_, "x_final", F, {T_, d_});
+  arena_.add(ln_final_, "ln_final", F, {T_, d_});
+  arena_.add(rstd_final_, "rstd_final", F, {T_});
+  arena_.add(s_.dx, "scratch.dx", F, {T_, d_});
+  arena_.add(s_.dtmp, "scratch.dtmp", F, {T_, d_});
+  arena_.add(s_.tmp, "scratch.tmp", F, {T_, d_});
+  arena_.add(s_.dq, "scratch.dq", F, {T_, H * hd});
+  arena_.add(s_.dk, "scratch.dk", F, {T_, KVH * hd});
+  arena_.add(s_.dv, "scratch.dv", F, {T_, KVH * hd});
+  arena_.add(s_.dattn, "scratch.dattn", F, {T_, H * hd});
+  arena_.add(s_.logits, "scratch.router_logits", F, {T_, E_});
+  arena_.add(s_.dlogits, "scratch.drouter_logits", F, {T_, E_});
+  arena_.add(s_.dtopk_w, "scratch.dtopk_w", F, {R_});
+  arena_.add(s_.yp, "scratch.expert_out", F, {R_, d_});
+  arena_.add(s_.dyp, "scratch.dexpert_out", F, {R_, d_});
+  arena_.add(s_.dact, "scratch.dexpert_act", F, {R_, f_});
+  arena_.add(s_.dh13, "scratch.dexpert_h13", F, {R_, 2 * f_});
+  arena_.add(s_.dxp, "scratch.dexpert_in", F, {R_, d_});
+  arena_.add(s_.dwp, "scratch.dexpert_weight", F, {R_});
+  if (aux_on_) {
+    arena_.add(s_.dprobs_aux, "scratch.daux_probs", F, {T_, E_});
+    arena_.add(s_.aux_prob_sum, "scratch.aux_prob_sum", F, {E_});
+    arena_.add(s_.aux_count, "scratch.aux_count", F, {E_});
+    arena_.add(s_.aux_coef, "scratch.aux_coef", F, {E_});
+  }
+  if (!allocate) return;
+  arena_.finalize(ops_);
+  if (!jitter)
+    for (auto& a : acts_) a.moe_in = a.ln2;
+}
+
+void MixtralModel::bind(const Tensor& dense_w, const Tensor& expert_w, const Tensor& dense_g,
+                        const Tensor& expert_g) {
+  w_ = bind_tensors(layout_, cfg_, dense_w, expert_w);
+  g_ = bind_tensors(layout_, cfg_, dense_g, expert_g);
+}
+
+double MixtralModel::aux_loss_forward() {
+  // HF load_balancing_loss_func over all layers' router outputs at once:
+  //   aux = E * sum_e (count_e / N) * (prob_sum_e / N),  N = layers * tokens.
+  std::vector<float> prob_sum(E_), count(E_), coef(E_);
+  ops_.download(prob_sum.data(), s_.aux_prob_sum.data, E_ * sizeof(float));
+  ops_.download(count.data(), s_.aux_count.data, E_ * sizeof(float));
+  const double N = static_cast<double>(cfg_.num_hidden_layers) * static_cast<double>(T_);
+  double aux = 0;
+  for (int64_t e = 0; e < E_; ++e) {
+    aux += (count[e] / N) * (prob_sum[e] / N);
+    // d(aux_scale * coef * aux) / d probs[l, t, e]; the top-k mask carries no gradient.
+    coef[e] = static_cast<float>(aux_grad_scale_ * cfg_.router_aux_loss_coef * E_ * count[e] / (N * N));
+  }
+  ops_.upload(s_.aux_coef.data, coef.data(), E_ * sizeof(float));
+  return aux * static_cast<double>(E_);
+}
+
+double MixtralModel::forward_backward(const MicroBatch& mb, float ce_scale, float aux_scale,
+                                      const Tensor& loss_sum, bool compute_grad, uint64_t jitter_seed) {
+  mb_ = &mb;
+  aux_grad_scale_ = aux_scale;
+  if (aux_on_) {
+    ops_.zero(s_.aux_prob_sum);
+    ops_.zero(s_.aux_count);
+  }
+  ops_.embedding_forward(mb.ids, w_.embed, acts_[0].x_in);
+  for (int l = 0; l < static_cast<int>(acts_.size()); ++l) {
+    attention_forward(l);
+    moe_forward(l, compute_grad, jitter_seed);
+  }
+  ops_.rmsnorm_forward(x_final_, w_.norm, static_cast<float>(cfg_.rms_norm_eps), ln_final_, rstd_final_);
+  const double aux = aux_on_ ? aux_loss_forward() : 0.0;
+  if (!compute_grad) {
+    ops_.lm_head_loss(ln_final_, w_.lm_head, mb.labels, ce_scale, loss_sum, Tensor(), Tensor());
+    return aux;
+  }
+  ops_.lm_head_loss(ln_final_, w_.lm_head, mb.labels, ce_scale, loss_sum, s_.dtmp, g_.lm_head);
+  ops_.rmsnorm_backward(s_.dtmp, x_final_, w_.norm, rstd_final_, s_.dx, g_.norm);
+  for (int l = static_cast<int>(acts_.size()) - 1; l >= 0; --l) {
+    moe_backward(l);
+    attention_backward(l);
+  }
+  ops_.embedding_backward(mb.ids, s_.dx, g_.embed);
+  return aux;
+}
+
+}  // namespace mxt

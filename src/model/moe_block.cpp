@@ -1,0 +1,74 @@
+// RMSNorm -> route -> permute -> experts (grouped GEMM, SwiGLU x routing weight, grouped GEMM) -> unpermute
+// -> residual, and its backward in reverse stage order.
+#include <vector>
+
+#include "linear.hpp"
+#include "mxtrain/model.hpp"
+#include "mxtrain/rng.hpp"
+
+namespace mxt {
+
+void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
+  LayerActs& a = acts_[l];
+  const LayerTensors& w = w_.layers[l];
+  ops_.rmsnorm_forward(a.x_mid, w.ln2, static_cast<float>(cfg_.rms_norm_eps), a.ln2, a.rstd2);
+  if (cfg_.router_jitter_noise > 0) {
+    // HF scales the hidden states seen by both the router and the experts by U(1-j, 1+j) while training.
+    std::vector<float> noise(static_cast<size_t>(T_ * d_), 1.f);
+    if (training) {
+      Rng rng(splitmix64(jitter_seed) ^ static_cast<uint64_t>(l));
+      const double j = cfg_.router_jitter_noise;
+      for (auto& x : noise) x = static_cast<float>(1.0 - j + 2.0 * j * rng.uniform());
+    }
+    ops_.upload(a.noise.data, noise.data(), noise.size() * sizeof(float));
+    ops_.mul(a.ln2, a.noise, a.moe_in);
+  }
+  // route
+  linear_forward(ops_, a.moe_in, w.gate, s_.logits);
+  ops_.router_forward(s_.logits, static_cast<int>(k_), a.probs, a.topk_idx, a.topk_w);
+  if (aux_on_) ops_.router_aux_stats(a.probs, a.topk_idx, s_.aux_prob_sum, s_.aux_count);
+  // permute
+  ops_.moe_plan(a.topk_idx, static_cast<int>(E_), a.offsets, a.perm);
+  ops_.moe_permute(a.moe_in, a.perm, static_cast<int>(k_), a.xp);
+  ops_.moe_permute_weights(a.topk_w.view({R_}), a.perm, a.wp);
+  // experts
+  ops_.grouped_gemm(a.xp, w.w13, a.offsets, a.h13);
+  ops_.swiglu_forward(a.h13, a.wp, a.act);
+  ops_.grouped_gemm(a.act, w.w2, a.offsets, s_.yp);
+  // unpermute (the routing weights were already applied inside SwiGLU)
+  ops_.moe_unpermute(s_.yp, a.perm, static_cast<int>(k_), s_.tmp);
+  ops_.add(a.x_mid, s_.tmp, l + 1 < static_cast<int>(acts_.size()) ? acts_[l + 1].x_in : x_final_);
+}
+
+void MixtralModel::moe_backward(int l) {
+  LayerActs& a = acts_[l];
+  const LayerTensors& w = w_.layers[l];
+  const LayerTensors& g = g_.layers[l];
+  const int k = static_cast<int>(k_);
+  // unpermute backward = permute of the output gradient
+  ops_.moe_permute(s_.dx, a.perm, k, s_.dyp);
+  // experts backward
+  ops_.grouped_gemm_dgrad(s_.dyp, w.w2, a.offsets, s_.dact);
+  ops_.grouped_gemm_wgrad(s_.dyp, a.act, a.offsets, g.w2);
+  ops_.swiglu_backward(s_.dact, a.h13, a.wp, s_.dh13, s_.dwp);
+  ops_.grouped_gemm_dgrad(s_.dh13, w.w13, a.offsets, s_.dxp);
+  ops_.grouped_gemm_wgrad(s_.dh13, a.xp, a.offsets, g.w13);
+  // permute backward
+  ops_.moe_unpermute(s_.dxp, a.perm, k, s_.dtmp);
+  ops_.moe_unpermute_weights(s_.dwp, a.perm, s_.dtopk_w);
+  // route backward
+  Tensor extra;
+  if (aux_on_) {
+    ops_.broadcast_rows(s_.aux_coef, s_.dprobs_aux);
+    extra = s_.dprobs_aux;
+  }
+  ops_.router_backward(s_.dtopk_w.view({T_, k_}), a.probs, a.topk_idx, a.topk_w, extra, s_.dlogits);
+  linear_dgrad(ops_, s_.dlogits, w.gate, s_.dtmp, true);
+  linear_wgrad(ops_, s_.dlogits, a.moe_in, g.gate);
+  if (cfg_.router_jitter_noise > 0) ops_.mul(s_.dtmp, a.noise, s_.dtmp);
+  // dtmp is dL/d(ln2); through the norm into tmp, then the residual path.
+  ops_.rmsnorm_backward(s_.dtmp, a.x_mid, w.ln2, a.rstd2, s_.tmp, g.ln2);
+  ops_.add(s_.dx, s_.tmp, s_.dx);
+}
+
+}  // namespace mxt
