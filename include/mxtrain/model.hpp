@@ -32,7 +32,9 @@ struct Scratch {
   Tensor dx, dtmp;              // (T, d) gradient of the residual stream, and a sublayer's contribution
   Tensor tmp;                   // (T, d) forward sublayer output before the residual add
   Tensor dq, dk, dv, dattn;     // like q, k, v, attn
-  Tensor logits, dlogits;       // (T, E)
+  Tensor logits, dlogits;       // (T, E) F32 for the router math
+  Tensor logits_act, dlogits_act;  // (T, E) the gate GEMM's own dtype (HF computes the gate in bf16)
+  Tensor noise_f32;             // (T, d) jitter factors as drawn on the host
   Tensor dprobs_aux;            // (T, E)
   Tensor dtopk_w;               // (T*k)
   Tensor yp, dyp, dact, dh13, dxp, dwp;  // (R, d), (R, d), (R, f), (R, 2f), (R, d), (R)

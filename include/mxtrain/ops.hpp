@@ -32,6 +32,9 @@ class Ops {
   virtual ~Ops() = default;
   virtual Device device() const = 0;
   virtual const char* name() const = 0;
+  // The dtype of activations, their gradients and the working copy of the weights (CPU: F32, CUDA: BF16).
+  // Master weights, weight gradients, optimizer state and routing / softmax statistics are always F32.
+  virtual DType act_dtype() const = 0;
 
   // ---- memory -------------------------------------------------------------------------------------
   virtual void* alloc(size_t bytes) = 0;  // zero-filled
@@ -115,6 +118,8 @@ class Ops {
   virtual void moe_unpermute_weights(const Tensor& dwp, const Tensor& perm, const Tensor& dw) = 0;
 
   // ---- grouped expert GEMMs over rows grouped by expert (offsets [E+1]) ---------------------------------
+  // offsets[0] = 0, non-decreasing, offsets[E] <= R: rows past offsets[E] are capacity padding and come out
+  // as zeros (a device backend sizes buffers for the worst case without reading the counts on the host).
   // y[r,:] = x[r,:] @ W[e]^T for r in expert e.   x [R,in], W [E,out,in], y [R,out] (overwrite)
   virtual void grouped_gemm(const Tensor& x, const Tensor& W, const Tensor& offsets, const Tensor& y) = 0;
   // dx[r,:] = dy[r,:] @ W[e]                       dx [R,in] (overwrite)

@@ -29,10 +29,10 @@ struct ParamLayout {
   const ParamInfo& find(const std::string& name) const;
 };
 
-// One role's flat buffers (F32 master, gradient, AdamW moments); on the CPU backend the master copy is
-// also the working copy the forward reads.
+// One role's flat buffers: F32 master, gradient and AdamW moments, and the working copy the forward reads
+// in the backend's activation dtype (on the CPU backend the working copy is the master itself).
 struct FlatParams {
-  Tensor master, grad, adam_m, adam_v;
+  Tensor master, grad, adam_m, adam_v, working;
 };
 
 // Typed views of one set of flat buffers (the weights, or their gradients).

@@ -36,6 +36,8 @@ class Trainer {
   FlatParams& expert() { return expert_; }
 
  private:
+  void refresh_working_weights();  // master -> working copy after the optimizer step
+
   TrainConfig cfg_;
   Ops& ops_;
   int rank_, world_;

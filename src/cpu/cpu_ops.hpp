@@ -9,6 +9,7 @@ class CpuOps : public Ops {
  public:
   Device device() const override { return Device::CPU; }
   const char* name() const override { return "cpu"; }
+  DType act_dtype() const override { return DType::F32; }
 
   void* alloc(size_t bytes) override;
   void release(void* p) override;

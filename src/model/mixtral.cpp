@@ -21,53 +21,56 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   const bool jitter = cfg.router_jitter_noise > 0;
 
   acts_.resize(cfg.num_hidden_layers);
-  const DType F = DType::F32, I = DType::I32;
+  const DType A = ops.act_dtype(), F = DType::F32, I = DType::I32;  // A: activations
   for (size_t l = 0; l < acts_.size(); ++l) {
     LayerActs& a = acts_[l];
     const std::string p = "layer" + std::to_string(l) + ".";
-    arena_.add(a.x_in, p + "x_in", F, {T_, d_});
-    arena_.add(a.ln1, p + "ln1", F, {T_, d_});
+    arena_.add(a.x_in, p + "x_in", A, {T_, d_});
+    arena_.add(a.ln1, p + "ln1", A, {T_, d_});
     arena_.add(a.rstd1, p + "rstd1", F, {T_});
-    arena_.add(a.q, p + "q", F, {T_, H * hd});
-    arena_.add(a.k, p + "k", F, {T_, KVH * hd});
-    arena_.add(a.v, p + "v", F, {T_, KVH * hd});
-    arena_.add(a.attn, p + "attn", F, {T_, H * hd});
+    arena_.add(a.q, p + "q", A, {T_, H * hd});
+    arena_.add(a.k, p + "k", A, {T_, KVH * hd});
+    arena_.add(a.v, p + "v", A, {T_, KVH * hd});
+    arena_.add(a.attn, p + "attn", A, {T_, H * hd});
     arena_.add(a.lse, p + "lse", F, {B_, H, S_});
-    arena_.add(a.x_mid, p + "x_mid", F, {T_, d_});
-    arena_.add(a.ln2, p + "ln2", F, {T_, d_});
+    arena_.add(a.x_mid, p + "x_mid", A, {T_, d_});
+    arena_.add(a.ln2, p + "ln2", A, {T_, d_});
     arena_.add(a.rstd2, p + "rstd2", F, {T_});
     if (jitter) {
-      arena_.add(a.noise, p + "jitter_noise", F, {T_, d_});
-      arena_.add(a.moe_in, p + "moe_in", F, {T_, d_});
+      arena_.add(a.noise, p + "jitter_noise", A, {T_, d_});
+      arena_.add(a.moe_in, p + "moe_in", A, {T_, d_});
     }
     arena_.add(a.probs, p + "router_probs", F, {T_, E_});
     arena_.add(a.topk_idx, p + "topk_idx", I, {T_, k_});
     arena_.add(a.topk_w, p + "topk_w", F, {T_, k_});
     arena_.add(a.offsets, p + "expert_offsets", I, {E_ + 1});
     arena_.add(a.perm, p + "perm", I, {R_});
-    arena_.add(a.xp, p + "expert_in", F, {R_, d_});
+    arena_.add(a.xp, p + "expert_in", A, {R_, d_});
     arena_.add(a.wp, p + "expert_weight", F, {R_});
-    arena_.add(a.h13, p + "expert_h13", F, {R_, 2 * f_});
-    arena_.add(a.act, p + "expert_act", F, {R_, f_});
+    arena_.add(a.h13, p + "expert_h13", A, {R_, 2 * f_});
+    arena_.add(a.act, p + "expert_act", A, {R_, f_});
   }
-  arena_.add(x_final_, "x_final", F, {T_, d_});
-  arena_.add(ln_final_, "ln_final", F, {T_, d_});
+  arena_.add(x_final_, "x_final", A, {T_, d_});
+  arena_.add(ln_final_, "ln_final", A, {T_, d_});
   arena_.add(rstd_final_, "rstd_final", F, {T_});
-  arena_.add(s_.dx, "scratch.dx", F, {T_, d_});
-  arena_.add(s_.dtmp, "scratch.dtmp", F, {T_, d_});
-  arena_.add(s_.tmp, "scratch.tmp", F, {T_, d_});
-  arena_.add(s_.dq, "scratch.dq", F, {T_, H * hd});
-  arena_.add(s_.dk, "scratch.dk", F, {T_, KVH * hd});
-  arena_.add(s_.dv, "scratch.dv", F, {T_, KVH * hd});
-  arena_.add(s_.dattn, "scratch.dattn", F, {T_, H * hd});
+  arena_.add(s_.dx, "scratch.dx", A, {T_, d_});
+  arena_.add(s_.dtmp, "scratch.dtmp", A, {T_, d_});
+  arena_.add(s_.tmp, "scratch.tmp", A, {T_, d_});
+  arena_.add(s_.dq, "scratch.dq", A, {T_, H * hd});
+  arena_.add(s_.dk, "scratch.dk", A, {T_, KVH * hd});
+  arena_.add(s_.dv, "scratch.dv", A, {T_, KVH * hd});
+  arena_.add(s_.dattn, "scratch.dattn", A, {T_, H * hd});
   arena_.add(s_.logits, "scratch.router_logits", F, {T_, E_});
   arena_.add(s_.dlogits, "scratch.drouter_logits", F, {T_, E_});
+  arena_.add(s_.logits_act, "scratch.router_logits_act", A, {T_, E_});
+  arena_.add(s_.dlogits_act, "scratch.drouter_logits_act", A, {T_, E_});
+  if (jitter) arena_.add(s_.noise_f32, "scratch.jitter_noise_f32", F, {T_, d_});
   arena_.add(s_.dtopk_w, "scratch.dtopk_w", F, {R_});
-  arena_.add(s_.yp, "scratch.expert_out", F, {R_, d_});
-  arena_.add(s_.dyp, "scratch.dexpert_out", F, {R_, d_});
-  arena_.add(s_.dact, "scratch.dexpert_act", F, {R_, f_});
-  arena_.add(s_.dh13, "scratch.dexpert_h13", F, {R_, 2 * f_});
-  arena_.add(s_.dxp, "scratch.dexpert_in", F, {R_, d_});
+  arena_.add(s_.yp, "scratch.expert_out", A, {R_, d_});
+  arena_.add(s_.dyp, "scratch.dexpert_out", A, {R_, d_});
+  arena_.add(s_.dact, "scratch.dexpert_act", A, {R_, f_});
+  arena_.add(s_.dh13, "scratch.dexpert_h13", A, {R_, 2 * f_});
+  arena_.add(s_.dxp, "scratch.dexpert_in", A, {R_, d_});
   arena_.add(s_.dwp, "scratch.dexpert_weight", F, {R_});
   if (aux_on_) {
     arena_.add(s_.dprobs_aux, "scratch.daux_probs", F, {T_, E_});

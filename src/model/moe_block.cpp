@@ -20,11 +20,13 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
       const double j = cfg_.router_jitter_noise;
       for (auto& x : noise) x = static_cast<float>(1.0 - j + 2.0 * j * rng.uniform());
     }
-    ops_.upload(a.noise.data, noise.data(), noise.size() * sizeof(float));
+    ops_.upload(s_.noise_f32.data, noise.data(), noise.size() * sizeof(float));
+    ops_.copy(s_.noise_f32, a.noise);
     ops_.mul(a.ln2, a.noise, a.moe_in);
   }
   // route
-  linear_forward(ops_, a.moe_in, w.gate, s_.logits);
+  linear_forward(ops_, a.moe_in, w.gate, s_.logits_act);
+  ops_.copy(s_.logits_act, s_.logits);
   ops_.router_forward(s_.logits, static_cast<int>(k_), a.probs, a.topk_idx, a.topk_w);
   if (aux_on_) ops_.router_aux_stats(a.probs, a.topk_idx, s_.aux_prob_sum, s_.aux_count);
   // permute
@@ -63,8 +65,9 @@ void MixtralModel::moe_backward(int l) {
     extra = s_.dprobs_aux;
   }
   ops_.router_backward(s_.dtopk_w.view({T_, k_}), a.probs, a.topk_idx, a.topk_w, extra, s_.dlogits);
-  linear_dgrad(ops_, s_.dlogits, w.gate, s_.dtmp, true);
-  linear_wgrad(ops_, s_.dlogits, a.moe_in, g.gate);
+  ops_.copy(s_.dlogits, s_.dlogits_act);
+  linear_dgrad(ops_, s_.dlogits_act, w.gate, s_.dtmp, true);
+  linear_wgrad(ops_, s_.dlogits_act, a.moe_in, g.gate);
   if (cfg_.router_jitter_noise > 0) ops_.mul(s_.dtmp, a.noise, s_.dtmp);
   // dtmp is dL/d(ln2); through the norm into tmp, then the residual path.
   ops_.rmsnorm_backward(s_.dtmp, a.x_mid, w.ln2, a.rstd2, s_.tmp, g.ln2);

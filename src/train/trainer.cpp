@@ -31,6 +31,7 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, std::vector<int32_t> tokens, 
     state_.add(fp->grad, p + "grad", F, {n});
     state_.add(fp->adam_m, p + "adam_m", F, {n});
     state_.add(fp->adam_v, p + "adam_v", F, {n});
+    if (ops.act_dtype() != F) state_.add(fp->working, p + "working", ops.act_dtype(), {n});
   }
   state_.add(mb_.ids, "batch.ids", DType::I32, {T});
   state_.add(mb_.labels, "batch.labels", DType::I32, {T});
@@ -38,15 +39,25 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, std::vector<int32_t> tokens, 
   state_.add(loss_slots_, "loss_slots", F, {cfg.grad_acc_steps});
   state_.add(norm_acc_, "grad_norm_sq", F, {1});
   state_.finalize(ops_);
+  if (ops.act_dtype() == F) {
+    dense_.working = dense_.master;
+    expert_.working = expert_.master;
+  }
 
   std::vector<float> dense, expert;
   init_params_host(layout_, cfg.model, cfg.seed, dense, expert);
   ops_.upload(dense_.master.data, dense.data(), dense.size() * sizeof(float));
   ops_.upload(expert_.master.data, expert.data(), expert.size() * sizeof(float));
+  refresh_working_weights();
 
   model_ = std::make_unique<MixtralModel>(cfg.model, ops_, cfg.dataset.micro_batch_size,
                                           cfg.dataset.max_seq_length, layout_);
-  model_->bind(dense_.master, expert_.master, dense_.grad, expert_.grad);
+  model_->bind(dense_.working, expert_.working, dense_.grad, expert_.grad);
+}
+
+void Trainer::refresh_working_weights() {
+  for (FlatParams* fp : {&dense_, &expert_})
+    if (fp->working.data != fp->master.data) ops_.copy(fp->master, fp->working);
 }
 
 StepResult Trainer::train_step() {
@@ -96,6 +107,7 @@ StepResult Trainer::train_step() {
   s.grad_scale = static_cast<float>(clip);
   ops_.adamw_step(dense_.master, dense_.grad, dense_.adam_m, dense_.adam_v, s);
   ops_.adamw_step(expert_.master, expert_.grad, expert_.adam_m, expert_.adam_v, s);
+  refresh_working_weights();
   ++step_;
   return r;
 }
@@ -151,7 +163,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, Ops& ops) {
   p.dense_params = layout.dense_numel;
   p.expert_params = layout.expert_numel;
   // fp32 master + gradient + two AdamW moments.
-  p.param_bytes = static_cast<size_t>(layout.dense_numel + layout.expert_numel) * 4 * sizeof(float);
+  const size_t working = ops.act_dtype() == DType::F32 ? 0 : dtype_size(ops.act_dtype());
+  p.param_bytes = static_cast<size_t>(layout.dense_numel + layout.expert_numel) * (4 * sizeof(float) + working);
   MixtralModel planned(cfg.model, ops, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length, layout, false);
   p.activation_bytes = planned.arena().total_bytes();
   std::vector<std::pair<std::string, size_t>> all;
@@ -167,7 +180,7 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
   std::string s = fmt::format(
       "memory plan per rank (ep_size {}, dp_size {}, micro-batch {} x seq {}):\n"
       "  parameters: {:.3f} B dense + {:.3f} B expert (this rank's {} of {} experts)\n"
-      "  params + grads + AdamW (fp32): {:.2f} GiB\n"
+      "  fp32 master + grads + AdamW (+ working copy): {:.2f} GiB\n"
       "  activations (arena): {:.2f} GiB\n"
       "  total: {:.2f} GiB\n  largest activation buffers:\n",
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
