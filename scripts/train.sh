@@ -43,11 +43,9 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 
 export NCCL_NVLS_ENABLE=0  # see docs: NVLink multicast stays off on our GPU machines
-ROOT_FLAGS=()
 if [[ $(id -u) -eq 0 ]]; then
   # Open MPI refuses root unless told; the variables also cover the singleton (no mpirun) case.
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  ROOT_FLAGS=(--allow-run-as-root)
 fi
 
 if [[ $NGPU -eq 0 ]]; then
@@ -55,14 +53,11 @@ if [[ $NGPU -eq 0 ]]; then
   user_value parallelism.ep_size >/dev/null || EXTRA+=("parallelism.ep_size=1")
   user_value backend >/dev/null || EXTRA+=("backend=cpu")
   CMD=("$BIN" --config-name "$CONFIG_NAME" "${EXTRA[@]}" "${ARGS[@]}")
-elif [[ $NGPU -eq 1 ]]; then
-  echo "train.sh: 1 GPU: one rank"
+else
+  # One rank until the distributed backend lands (then: mpirun -np $NGPU with L0_sanity's EP=2).
+  echo "train.sh: $NGPU GPU(s): one rank"
   user_value parallelism.ep_size >/dev/null || EXTRA+=("parallelism.ep_size=1")
   CMD=("$BIN" --config-name "$CONFIG_NAME" "${EXTRA[@]}" "${ARGS[@]}")
-else
-  echo "train.sh: $NGPU GPUs: mpirun -np $NGPU"
-  CMD=(mpirun "${ROOT_FLAGS[@]}" -np "$NGPU" --bind-to none -x NCCL_NVLS_ENABLE
-       "$BIN" --config-name "$CONFIG_NAME" "${EXTRA[@]}" "${ARGS[@]}")
 fi
 
 echo "+ ${CMD[*]}"

@@ -12,7 +12,7 @@
 #include <numeric>
 #include <string>
 
-#include "data/rng.hpp"
+#include "mxtrain/rng.hpp"
 #include "mxtrain/data.hpp"
 
 namespace mxt {
@@ -48,8 +48,8 @@ void BatchLoader::reshuffle() {
   std::iota(order_.begin(), order_.end(), int64_t{0});
   if (!cfg_.shuffle) return;
   // Mix seed and epoch through splitmix64 so nearby (seed, epoch) pairs give unrelated permutations.
-  detail::SplitMix64 mix(seed_);
-  detail::SplitMix64 rng(mix.next() ^ (static_cast<uint64_t>(epoch_) * 0xD1B54A32D192ED03ull));
+  SplitMix64 mix(seed_);
+  SplitMix64 rng(mix.next() ^ (static_cast<uint64_t>(epoch_) * 0xD1B54A32D192ED03ull));
   rng.next();
   for (size_t i = order_.size() - 1; i > 0; --i) std::swap(order_[i], order_[rng.below(i + 1)]);
 }

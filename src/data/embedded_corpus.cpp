@@ -7,13 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "data/rng.hpp"
+#include "mxtrain/rng.hpp"
 #include "mxtrain/data.hpp"
 
 namespace mxt {
 namespace {
 
-using detail::SplitMix64;
 
 constexpr uint64_t kSeed = 0x6D78747261696E31ull;  // "mxtrain1"
 constexpr size_t kTargetBytes = 300000;             // stop after the record that crosses this
