@@ -46,6 +46,11 @@ int run(const mxt::CliOptions& opt, int rank, int world) {
   std::vector<int32_t> tokens = mxt::load_tokens(cfg.dataset, cfg.model.vocab_size);
   if (rank == 0) spdlog::info("dataset: {} tokens from {}", tokens.size(), cfg.dataset.source);
   mxt::Trainer trainer(cfg, *ops, std::move(tokens), rank, world);
+  if (!opt.dump_dir.empty()) {
+    trainer.dump_first_batch(opt.dump_dir);
+    spdlog::info("first batch dumped to {}", opt.dump_dir);
+    return 0;
+  }
   trainer.run();
   return 0;
 }

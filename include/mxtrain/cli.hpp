@@ -11,6 +11,7 @@ struct CliOptions {
   LoadOptions load;           // --config-name (default L0_sanity), --config-path, the overrides in order
   bool print_config = false;  // --cfg job: print the resolved config as YAML and exit (as Hydra does)
   bool dry_run = false;       // --dry-run: resolve, validate and plan, but do not train
+  std::string dump_dir;       // --dump-first-batch DIR: loss, logits and gradients of one batch (parity checks)
   bool show_version = false;  // --version
   // Parsing ends the program (--help, --version, a usage error): main prints `message` (to stdout when
   // exit_code is 0, else to stderr) and returns exit_code. parse_cli never calls exit() itself.

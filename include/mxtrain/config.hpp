@@ -71,6 +71,7 @@ struct CheckpointConfig {
   bool resume_from_checkpoint = false;
   int64_t max_checkpoints = 0;
   bool save_final_model = false;
+  std::string final_model_dtype = "float32";  // float32 | bfloat16
   bool async_save = false;
 };
 

@@ -61,6 +61,7 @@ class MixtralModel {
                           bool compute_grad, uint64_t jitter_seed);
 
   const Arena& arena() const { return arena_; }
+  const Tensor& final_hidden() const { return ln_final_; }  // (T, d) after the final norm, for logits dumps
   int64_t tokens() const { return T_; }
 
  private:

@@ -42,6 +42,8 @@ class Ops {
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
+  // Most bytes this backend has held at once through alloc and its own scratch (0: not tracked).
+  virtual size_t peak_allocated() const { return 0; }
 
   // ---- elementwise --------------------------------------------------------------------------------
   virtual void zero(const Tensor& t) = 0;

@@ -28,6 +28,13 @@ class Trainer {
   StepResult train_step();  // one optimizer step
   // Runs until num_train_steps, logging every logger.frequency steps; returns the per-step losses.
   std::vector<double> run();
+  // One forward + backward of the first micro-batch, no update: writes into dir the gradients as an HF
+  // checkpoint (grads/, HF names), logits.safetensors ("logits" [T, V] F32) and loss.json. For parity checks.
+  void dump_first_batch(const std::string& dir);
+  // Host copies of the fp32 master weights.
+  void master_weights(std::vector<float>& dense, std::vector<float>& expert);
+  // The HF checkpoint of save_final_model, into dir.
+  void export_final_model(const std::string& dir);
 
   int64_t step() const { return step_; }
   MixtralModel& model() { return *model_; }
@@ -37,6 +44,8 @@ class Trainer {
 
  private:
   void refresh_working_weights();  // master -> working copy after the optimizer step
+  void log_device_memory();        // peak allocated by the backend against the plan
+  void load_micro_batch(int64_t index_in_step);  // next batch from the loader -> mb_; returns via n_valid_
 
   TrainConfig cfg_;
   Ops& ops_;
@@ -49,6 +58,7 @@ class Trainer {
   std::unique_ptr<MixtralModel> model_;
   BatchLoader loader_;
   Batch batch_;
+  int64_t n_valid_ = 0;  // labelled tokens in the current micro-batch
   int64_t step_ = 0;
 };
 
@@ -56,6 +66,7 @@ class Trainer {
 struct MemoryPlan {
   int64_t dense_params = 0, expert_params = 0;
   size_t param_bytes = 0, activation_bytes = 0;
+  size_t scratch_bytes = 0;  // the ops' own temporaries (LM-head logits chunk) and the step's small buffers
   std::vector<std::pair<std::string, size_t>> largest;  // biggest activation buffers
 };
 MemoryPlan plan_memory(const TrainConfig& cfg, Ops& ops);

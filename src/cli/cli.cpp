@@ -40,6 +40,8 @@ CliOptions parse_cli(int argc, const char* const* argv) {
   app.add_option("-c,--cfg", cfg_kind, "'job': print the resolved config and exit")
       ->check(CLI::IsMember({"job"}));
   app.add_flag("--dry-run", o.dry_run, "resolve and validate the config and plan memory, without training");
+  app.add_option("--dump-first-batch", o.dump_dir,
+                 "write loss, logits and gradients of the first micro-batch to DIR, without training");
   app.add_flag("--version", o.show_version, "print the version and exit");
   app.add_option("overrides", o.load.overrides, "config overrides: key=value, +key=value, ~key");
   app.footer(footer());

@@ -218,6 +218,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   k.resume_from_checkpoint = r.b("checkpoint.resume_from_checkpoint");
   k.max_checkpoints = r.i("checkpoint.max_checkpoints");
   k.save_final_model = r.b("checkpoint.save_final_model");
+  k.final_model_dtype = r.s("checkpoint.final_model_dtype");
   k.async_save = r.b("checkpoint.async_save");
   c.logger.frequency = r.i("logger.frequency");
   c.logger.metrics_file = r.s("logger.metrics_file");
@@ -227,6 +228,7 @@ void check_rest(TrainConfig& c) {
   require_positive(c.num_train_steps, "num_train_steps");
   require(c.grad_acc_steps >= 1, fmt::format("grad_acc_steps must be >= 1, got {}", c.grad_acc_steps));
   require_one_of(c.backend, {"auto", "cpu", "cuda"}, "backend");
+  require_one_of(c.checkpoint.final_model_dtype, {"float32", "bfloat16"}, "checkpoint.final_model_dtype");
   require(!c.output_dir.empty(), "output_dir must not be empty");
   require_positive(c.parallelism.dp_size, "parallelism.dp_size");
   require_positive(c.parallelism.ep_size, "parallelism.ep_size");

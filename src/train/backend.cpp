@@ -2,21 +2,30 @@
 
 #include "mxtrain/config.hpp"
 #include "mxtrain/device_info.hpp"
+#ifdef MXTRAIN_HAVE_CUDA
+#include "cuda_ops.hpp"
+#endif
 
 namespace mxt {
 
 std::unique_ptr<Ops> make_backend(const std::string& backend, std::string& why) {
   const int gpus = cuda_device_count();
+#ifdef MXTRAIN_HAVE_CUDA
+  if (backend == "cuda" || (backend == "auto" && gpus > 0)) {
+    if (gpus == 0) throw ConfigError("backend=cuda: no CUDA device is visible (" + cuda_device_summary() + ")");
+    why = "backend=" + backend + ": CUDA on " + cuda_device_summary();
+    return make_cuda_ops(0);
+  }
+#else
   if (backend == "cuda")
-    throw ConfigError("backend=cuda: the CUDA backend is not implemented yet (devices seen: " +
-                      cuda_device_summary() + "); use backend=cpu or backend=auto");
-  if (backend == "auto" && gpus > 0)
-    why = "backend=auto: " + std::to_string(gpus) +
-          " GPU(s) present but the CUDA backend is not implemented yet; using the CPU reference backend";
-  else if (backend == "auto")
-    why = "backend=auto: no CUDA device; using the CPU reference backend";
-  else
-    why = "backend=cpu: CPU reference backend (fp32)";
+    throw ConfigError("backend=cuda: this mxtrain was built without CUDA (MXTRAIN_CUDA=OFF); use backend=cpu");
+  if (backend == "auto" && gpus > 0) {
+    why = "backend=auto: GPUs present but this build has no CUDA backend; using the CPU reference backend";
+    return make_cpu_ops();
+  }
+#endif
+  why = backend == "cpu" ? "backend=cpu: CPU reference backend (fp32)"
+                         : "backend=auto: no CUDA device; using the CPU reference backend (fp32)";
   return make_cpu_ops();
 }
 

@@ -8,6 +8,11 @@
 
 #include "mxtrain/lr_schedule.hpp"
 #include "mxtrain/metrics.hpp"
+#include "mxtrain/safetensors.hpp"
+
+#include <nlohmann/json.hpp>
+#include <filesystem>
+#include <fstream>
 
 namespace mxt {
 
@@ -45,7 +50,12 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, std::vector<int32_t> tokens, 
   }
 
   std::vector<float> dense, expert;
-  init_params_host(layout_, cfg.model, cfg.seed, dense, expert);
+  if (cfg.init_from_pretrained.empty()) {
+    init_params_host(layout_, cfg.model, cfg.seed, dense, expert);
+  } else {
+    import_hf_weights(cfg.init_from_pretrained, layout_, cfg.model, dense, expert);
+    if (rank == 0) spdlog::info("weights from {}", cfg.init_from_pretrained);
+  }
   ops_.upload(dense_.master.data, dense.data(), dense.size() * sizeof(float));
   ops_.upload(expert_.master.data, expert.data(), expert.size() * sizeof(float));
   refresh_working_weights();
@@ -60,6 +70,15 @@ void Trainer::refresh_working_weights() {
     if (fp->working.data != fp->master.data) ops_.copy(fp->master, fp->working);
 }
 
+void Trainer::load_micro_batch(int64_t) {
+  loader_.next(batch_);
+  const size_t bytes = batch_.input_ids.size() * sizeof(int32_t);
+  ops_.upload(mb_.ids.data, batch_.input_ids.data(), bytes);
+  ops_.upload(mb_.labels.data, batch_.labels.data(), bytes);
+  ops_.upload(mb_.pos.data, batch_.positions.data(), bytes);
+  n_valid_ = std::count_if(batch_.labels.begin(), batch_.labels.end(), [](int32_t x) { return x >= 0; });
+}
+
 StepResult Trainer::train_step() {
   const int64_t acc = cfg_.grad_acc_steps;
   ops_.zero(dense_.grad);
@@ -68,12 +87,8 @@ StepResult Trainer::train_step() {
   std::vector<int64_t> n_valid(acc);
   double aux_sum = 0;
   for (int64_t i = 0; i < acc; ++i) {
-    loader_.next(batch_);
-    const size_t bytes = batch_.input_ids.size() * sizeof(int32_t);
-    ops_.upload(mb_.ids.data, batch_.input_ids.data(), bytes);
-    ops_.upload(mb_.labels.data, batch_.labels.data(), bytes);
-    ops_.upload(mb_.pos.data, batch_.positions.data(), bytes);
-    n_valid[i] = std::count_if(batch_.labels.begin(), batch_.labels.end(), [](int32_t x) { return x >= 0; });
+    load_micro_batch(i);
+    n_valid[i] = n_valid_;
     // Each micro-batch's loss is a mean over its own tokens, and the step averages micro-batches (HF + recipe).
     const float ce_scale = 1.f / static_cast<float>(std::max<int64_t>(1, n_valid[i]) * acc);
     const uint64_t jitter_seed = cfg_.seed ^ (static_cast<uint64_t>(step_ * acc + i) * 0x9E3779B97F4A7C15ull);
@@ -150,11 +165,79 @@ std::vector<double> Trainer::run() {
       m.elapsed_s = elapsed;
       m.eta_s = elapsed / static_cast<double>(step_ - first) * static_cast<double>(total - step_);
       log->log(m);
+      if (step_ == first + 1 || step_ == total) log_device_memory();
       t_last = now;
       step_last = step_;
     }
   }
+  if (rank_ == 0 && cfg_.checkpoint.save_final_model && !cfg_.checkpoint.ckpt_dir.empty()) {
+    const std::string dir = cfg_.checkpoint.ckpt_dir + "/final_model";
+    export_final_model(dir);
+    spdlog::info("final model (HF safetensors, {}) -> {}", cfg_.checkpoint.final_model_dtype, dir);
+  }
   return losses;
+}
+
+void Trainer::log_device_memory() {
+  const size_t peak = ops_.peak_allocated();
+  if (peak == 0) return;
+  const MemoryPlan plan = plan_memory(cfg_, ops_);
+  const double planned = static_cast<double>(plan.param_bytes + plan.activation_bytes + plan.scratch_bytes);
+  spdlog::info("device memory: peak allocated {:.3f} GiB, plan {:.3f} GiB ({:+.1f}%)", peak / 1073741824.0,
+               planned / 1073741824.0, 100.0 * (static_cast<double>(peak) / planned - 1.0));
+}
+
+void Trainer::master_weights(std::vector<float>& dense, std::vector<float>& expert) {
+  dense.resize(layout_.dense_numel);
+  expert.resize(layout_.expert_numel);
+  ops_.download(dense.data(), dense_.master.data, dense.size() * sizeof(float));
+  ops_.download(expert.data(), expert_.master.data, expert.size() * sizeof(float));
+}
+
+void Trainer::export_final_model(const std::string& dir) {
+  std::vector<float> dense, expert;
+  master_weights(dense, expert);
+  export_hf_weights(dir, layout_, cfg_.model, dense, expert,
+                    cfg_.checkpoint.final_model_dtype == "bfloat16" ? DType::BF16 : DType::F32);
+}
+
+void Trainer::dump_first_batch(const std::string& dir) {
+  namespace fs = std::filesystem;
+  fs::create_directories(dir);
+  ops_.zero(dense_.grad);
+  ops_.zero(expert_.grad);
+  ops_.zero(loss_slots_);
+  load_micro_batch(0);
+  const float ce_scale = 1.f / static_cast<float>(std::max<int64_t>(1, n_valid_));
+  const double aux = model_->forward_backward(mb_, ce_scale, 1.f, loss_slots_.rows(0, 1), true, cfg_.seed);
+  float loss_sum = 0;
+  ops_.download(&loss_sum, loss_slots_.data, sizeof(float));
+  const double ce = loss_sum / static_cast<double>(std::max<int64_t>(1, n_valid_));
+
+  std::vector<float> gd(layout_.dense_numel), ge(layout_.expert_numel);
+  ops_.download(gd.data(), dense_.grad.data, gd.size() * sizeof(float));
+  ops_.download(ge.data(), expert_.grad.data, ge.size() * sizeof(float));
+  export_hf_weights(dir + "/grads", layout_, cfg_.model, gd, ge, DType::F32);
+
+  // Logits of the same batch from the saved final hidden state (outside the step: allocation is fine here).
+  const Tensor& h = model_->final_hidden();
+  const int64_t T = h.dim(0), V = cfg_.model.vocab_size;
+  const ModelTensors w = bind_tensors(layout_, cfg_.model, dense_.working, expert_.working);
+  Tensor logits(ops_.alloc(static_cast<size_t>(T * V) * sizeof(float)), DType::F32, {T, V}, ops_.device());
+  ops_.gemm(false, true, T, V, cfg_.model.hidden_size, 1.f, h, w.lm_head, 0.f, logits);
+  std::vector<float> host(static_cast<size_t>(T * V));
+  ops_.download(host.data(), logits.data, host.size() * sizeof(float));
+  ops_.release(logits.data);
+  write_safetensors(dir + "/logits.safetensors", {{"logits", {T, V}, host.data()}}, DType::F32);
+
+  nlohmann::json j;
+  j["loss"] = ce + cfg_.model.router_aux_loss_coef * aux;
+  j["ce_loss"] = ce;
+  j["aux_loss"] = aux;
+  j["tokens"] = n_valid_;
+  j["input_ids"] = batch_.input_ids;
+  j["backend"] = ops_.name();
+  write_file_atomic(dir + "/loss.json", j.dump(2) + "\n");
 }
 
 MemoryPlan plan_memory(const TrainConfig& cfg, Ops& ops) {

@@ -1,0 +1,109 @@
+// AdamW with torch.optim.AdamW semantics on F32 param / grad / m / v, the same per-element fp32 expression
+// (same operation order, no FMA contraction) and the same double-precision scalars as the CPU twin
+// (src/cpu/adamw.cpp), so both give the same bits up to the libm/CUDA sqrt and division, which are both
+// correctly rounded.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "cuda_common.cuh"
+#include "cuda_context.cuh"
+#include "cuda_ops.hpp"
+
+namespace mxt {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+struct AdamScalars {
+  float grad_scale, b1, b2, one_minus_b1, one_minus_b2, step_size, bc2_sqrt, decay, eps;
+};
+
+__device__ __forceinline__ void adamw_one(float& p, float g, float& m, float& v, const AdamScalars& s) {
+  const float gi = __fmul_rn(g, s.grad_scale);
+  m = __fadd_rn(__fmul_rn(s.b1, m), __fmul_rn(s.one_minus_b1, gi));
+  v = __fadd_rn(__fmul_rn(s.b2, v), __fmul_rn(__fmul_rn(s.one_minus_b2, gi), gi));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bc2_sqrt), s.eps);
+  p = __fsub_rn(__fmul_rn(p, s.decay), __fdiv_rn(__fmul_rn(s.step_size, m), denom));
+}
+
+// All four pointers 16-byte aligned: float4 over n/4 groups; the caller handles the n%4 tail with the
+// scalar kernel.
+__global__ void adamw_vec4_kernel(float4* __restrict__ p, const float4* __restrict__ g, float4* __restrict__ m,
+                                  float4* __restrict__ v, int64_t n4, const AdamScalars s) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += stride) {
+    float4 pp = p[i], mm = m[i], vv = v[i];
+    const float4 gg = g[i];
+    adamw_one(pp.x, gg.x, mm.x, vv.x, s);
+    adamw_one(pp.y, gg.y, mm.y, vv.y, s);
+    adamw_one(pp.z, gg.z, mm.z, vv.z, s);
+    adamw_one(pp.w, gg.w, mm.w, vv.w, s);
+    p[i] = pp;
+    m[i] = mm;
+    v[i] = vv;
+  }
+}
+
+__global__ void adamw_scalar_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                                    float* __restrict__ v, int64_t n, const AdamScalars s) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_one(pi, g[i], mi, vi, s);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+void CudaOps::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                         const AdamWStep& s) {
+  const char* op = "adamw_step";
+  const int64_t n = param.numel();
+  float* pp = cuda::f32(param, op, "param");
+  const float* gp = cuda::f32(grad, op, "grad");
+  float* mp = cuda::f32(m, op, "m");
+  float* vp = cuda::f32(v, op, "v");
+  cuda::expect_numel(grad, n, op, "grad");
+  cuda::expect_numel(m, n, op, "m");
+  cuda::expect_numel(v, n, op, "v");
+  if (s.step < 1) cuda::fail(op, "step is 1-based, got " + std::to_string(s.step));
+  if (n == 0) return;
+  // Scalars exactly as the CPU twin computes them.
+  const double bc1 = 1.0 - std::pow(static_cast<double>(s.beta1), static_cast<double>(s.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(s.beta2), static_cast<double>(s.step));
+  AdamScalars sc{};
+  sc.grad_scale = s.grad_scale;
+  sc.b1 = s.beta1;
+  sc.b2 = s.beta2;
+  sc.one_minus_b1 = 1.f - s.beta1;
+  sc.one_minus_b2 = 1.f - s.beta2;
+  sc.step_size = static_cast<float>(s.lr / bc1);
+  sc.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  sc.decay = static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weight_decay);
+  sc.eps = s.eps;
+
+  int64_t done = 0;
+  if (aligned16(pp) && aligned16(gp) && aligned16(mp) && aligned16(vp) && n >= 4) {
+    const int64_t n4 = n / 4;
+    adamw_vec4_kernel<<<cuda::blocks_for(n4, kThreads), kThreads, 0, ctx_->stream>>>(
+        reinterpret_cast<float4*>(pp), reinterpret_cast<const float4*>(gp), reinterpret_cast<float4*>(mp),
+        reinterpret_cast<float4*>(vp), n4, sc);
+    cuda::check_launch(op);
+    done = n4 * 4;
+  }
+  if (done < n) {
+    const int64_t rest = n - done;
+    adamw_scalar_kernel<<<cuda::blocks_for(rest, kThreads), kThreads, 0, ctx_->stream>>>(
+        pp + done, gp + done, mp + done, vp + done, rest, sc);
+    cuda::check_launch(op);
+  }
+}
+
+}  // namespace mxt

@@ -1,0 +1,35 @@
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace mxt {
+
+// What every CUDA op shares: the device, the stream the whole step runs on, the cuBLASLt handle and its
+// workspace (allocated once).
+struct CudaContext {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  int num_sms = 0;
+  size_t allocated = 0, peak = 0;  // bytes held through alloc() and scratch(), for the memory report
+  void note_alloc(long long delta) {
+    allocated = static_cast<size_t>(static_cast<long long>(allocated) + delta);
+    if (allocated > peak) peak = allocated;
+  }
+
+  // Grow-only device scratch, one buffer per named slot, for ops that need temporary space (LM-head logits
+  // chunk, attention row statistics...). Sized on the first step and then reused: no allocation in steady
+  // state. Each op owns its slot names; a slot's content does not survive the op.
+  void* scratch(const char* slot, size_t bytes);
+  ~CudaContext();
+
+ private:
+  struct Slot { const char* name; void* ptr; size_t bytes; };
+  Slot slots_[32] = {};
+};
+
+}  // namespace mxt

@@ -1,0 +1,135 @@
+// CudaOps: construction, memory and the typed-pointer checks shared by every op file.
+#include "cuda_common.cuh"
+#include "cuda_context.cuh"
+#include "cuda_ops.hpp"
+
+#include <cstring>
+
+namespace mxt {
+namespace cuda {
+
+void fail(const char* op, const std::string& msg) { throw std::runtime_error(std::string(op) + ": " + msg); }
+
+void check(cudaError_t err, const char* op, const char* what) {
+  if (err != cudaSuccess) fail(op, std::string(what) + " failed: " + cudaGetErrorString(err));
+}
+
+static void expect(const Tensor& t, DType d, const char* op, const char* arg) {
+  if (t.device != Device::CUDA && t.numel() > 0) fail(op, std::string(arg) + " is not a CUDA tensor");
+  if (t.dtype != d)
+    fail(op, std::string(arg) + " must be " + dtype_name(d) + ", got " + dtype_name(t.dtype) + " " + t.shape_str());
+  if (t.numel() > 0 && t.data == nullptr) fail(op, std::string(arg) + " has no data");
+}
+float* f32(const Tensor& t, const char* op, const char* arg) {
+  expect(t, DType::F32, op, arg);
+  return static_cast<float*>(t.data);
+}
+bf16* bf16p(const Tensor& t, const char* op, const char* arg) {
+  expect(t, DType::BF16, op, arg);
+  return static_cast<bf16*>(t.data);
+}
+int32_t* i32(const Tensor& t, const char* op, const char* arg) {
+  expect(t, DType::I32, op, arg);
+  return static_cast<int32_t*>(t.data);
+}
+void expect_numel(const Tensor& t, int64_t n, const char* op, const char* arg) {
+  if (t.numel() != n)
+    fail(op, std::string(arg) + " must have " + std::to_string(n) + " elements, got " + t.shape_str());
+}
+void expect_dtype(const Tensor& t, DType d, const char* op, const char* arg) { expect(t, d, op, arg); }
+
+}  // namespace cuda
+
+void* CudaContext::scratch(const char* slot, size_t bytes) {
+  for (Slot& s : slots_) {
+    if (s.name != nullptr && std::strcmp(s.name, slot) != 0) continue;
+    if (s.name == nullptr) s.name = slot;
+    if (s.bytes < bytes) {
+      cuda::check(cudaStreamSynchronize(stream), "scratch", "stream sync");
+      cudaFree(s.ptr);
+      note_alloc(-static_cast<long long>(s.bytes));
+      s.ptr = nullptr;
+      s.bytes = 0;
+      cuda::check(cudaMalloc(&s.ptr, bytes), "scratch", slot);
+      s.bytes = bytes;
+      note_alloc(static_cast<long long>(bytes));
+    }
+    return s.ptr;
+  }
+  cuda::fail("scratch", "too many scratch slots");
+}
+
+CudaContext::~CudaContext() {
+  for (Slot& s : slots_) cudaFree(s.ptr);
+}
+
+CudaOps::CudaOps(int device) : ctx_(new CudaContext) {
+  const char* op = "CudaOps";
+  ctx_->device = device;
+  cuda::check(cudaSetDevice(device), op, "cudaSetDevice");
+  cuda::check(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking), op, "cudaStreamCreate");
+  if (cublasLtCreate(&ctx_->lt) != CUBLAS_STATUS_SUCCESS) cuda::fail(op, "cublasLtCreate failed");
+  ctx_->workspace_bytes = 64ull << 20;  // cuBLASLt's recommendation for Hopper is >= 32 MiB
+  cuda::check(cudaMalloc(&ctx_->workspace, ctx_->workspace_bytes), op, "cudaMalloc(workspace)");
+  cuda::check(cudaDeviceGetAttribute(&ctx_->num_sms, cudaDevAttrMultiProcessorCount, device), op, "SM count");
+}
+
+CudaOps::~CudaOps() {
+  cudaStreamSynchronize(ctx_->stream);
+  cudaFree(ctx_->workspace);
+  cublasLtDestroy(ctx_->lt);
+  cudaStreamDestroy(ctx_->stream);
+  delete ctx_;
+}
+
+void* CudaOps::alloc(size_t bytes) {
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+  if (err != cudaSuccess) {
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    cuda::fail("alloc", "cudaMalloc of " + std::to_string(bytes >> 20) + " MiB failed (" +
+                            cudaGetErrorString(err) + "); free " + std::to_string(free_b >> 20) + " of " +
+                            std::to_string(total_b >> 20) + " MiB");
+  }
+  cuda::check(cudaMemsetAsync(p, 0, bytes, ctx_->stream), "alloc", "cudaMemset");
+  sizes_[p] = bytes;
+  ctx_->note_alloc(static_cast<long long>(bytes));
+  return p;
+}
+
+void CudaOps::release(void* p) {
+  cudaStreamSynchronize(ctx_->stream);
+  auto it = sizes_.find(p);
+  if (it != sizes_.end()) {
+    ctx_->note_alloc(-static_cast<long long>(it->second));
+    sizes_.erase(it);
+  }
+  cudaFree(p);
+}
+
+size_t CudaOps::peak_allocated() const { return ctx_->peak; }
+
+void CudaOps::upload(void* dst, const void* host_src, size_t bytes) {
+  // Synchronous with respect to the host buffer: callers reuse it right away.
+  cuda::check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, ctx_->stream), "upload", "memcpy");
+  cuda::check(cudaStreamSynchronize(ctx_->stream), "upload", "stream sync");
+}
+
+void CudaOps::download(void* host_dst, const void* src, size_t bytes) {
+  cuda::check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, ctx_->stream), "download", "memcpy");
+  cuda::check(cudaStreamSynchronize(ctx_->stream), "download", "stream sync");
+}
+
+void CudaOps::synchronize() { cuda::check(cudaStreamSynchronize(ctx_->stream), "synchronize", "stream sync"); }
+
+std::unique_ptr<Ops> make_cuda_ops(int device) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    throw std::runtime_error("make_cuda_ops: no usable CUDA device");
+  }
+  return std::make_unique<CudaOps>(device);
+}
+
+}  // namespace mxt

@@ -1,0 +1,158 @@
+// LM head + cross-entropy on the device, chunked over tokens so the [T, V] logits never exist at once.
+//
+// Per chunk of rows (at most 1024, and at most ~kLogitsBudget bytes of logits):
+//   Z = h_chunk @ W^T                  (CudaOps::gemm, BF16 out: see the rounding note below)
+//   per row: max, log-sum-exp (fp32), loss = lse - Z[label]; then in place Z <- grad_scale * (softmax - onehot)
+//   dh_chunk = Z @ W                   (BF16, overwrite)
+//   dW      += Z^T @ h_chunk           (F32, accumulate)
+// The per-row losses go to a [T] scratch and are summed in a fixed order by one block at the end, and one
+// thread adds the total to loss_sum[0]: deterministic, no float atomics.
+//
+// Rounding note: HF computes the logits with a bf16 matmul and upcasts them to fp32 for the loss, so the logits
+// are rounded to bf16 here too (the GEMM writes BF16 directly, which also halves the scratch). The softmax and
+// log-sum-exp are then computed in fp32 from those bf16 values, and the logit gradient is rounded to bf16 (as
+// the backward of HF's upcast does) before the two gradient GEMMs.
+//
+// Labels: -100 is ignored (zero loss, zero gradient row). A label outside [0, V) cannot be reported without a
+// host sync, so it makes loss_sum NaN (visible in the logged loss) and gets a zero gradient row.
+#include <cmath>
+#include <string>
+
+#include "cuda_common.cuh"
+#include "cuda_context.cuh"
+#include "cuda_ops.hpp"
+
+namespace mxt {
+namespace {
+
+constexpr int32_t kIgnore = -100;
+constexpr int64_t kMaxChunkRows = 1024;
+constexpr int64_t kLogitsBudget = 128ll << 20;  // bytes of BF16 logits per chunk (V = 128256: 512 rows)
+constexpr int kRowThreads = 512;
+constexpr int kReduceThreads = 1024;
+
+void expect_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* arg) {
+  const int64_t lead = t.ndim ? t.shape[0] : 0;
+  if (lead != rows || t.numel() != rows * cols)
+    cuda::fail(op, std::string(arg) + " has shape " + t.shape_str() + ", expected " + std::to_string(rows) +
+                       " rows of " + std::to_string(cols) + " elements");
+}
+
+// Block-wide max (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+__device__ float block_max(float v) {
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int nwarps = blockDim.x / 32;
+  v = lane < nwarps ? partial[lane] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// One block per row of the chunk. Reads the BF16 logits, writes the row loss and (if grad) overwrites the row
+// with grad_scale * (softmax - onehot) in BF16. Each element is read and then written by the same thread, and
+// the label's logit is read by every thread before the first barrier, so the in-place update is race-free.
+__global__ void ce_rows_kernel(cuda::bf16* __restrict__ z, const int32_t* __restrict__ labels, int64_t V,
+                               float grad_scale, bool grad, float* __restrict__ row_loss) {
+  const int64_t r = blockIdx.x;
+  cuda::bf16* row = z + r * V;
+  const int32_t y = labels[r];
+  if (y == kIgnore || y < 0 || y >= V) {  // uniform over the block
+    if (grad)
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) row[v] = __float2bfloat16(0.f);
+    if (threadIdx.x == 0) row_loss[r] = y == kIgnore ? 0.f : NAN;
+    return;
+  }
+  const float zy = cuda::ld(row, y);
+  // Online max / sum of exponentials per thread, then combined over the block.
+  float m = -INFINITY, s = 0.f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float x = cuda::ld(row, v);
+    if (x > m) {
+      s = s * expf(m - x) + 1.f;  // m = -inf at first: s = 0 * 0 + 1
+      m = x;
+    } else {
+      s += expf(x - m);
+    }
+  }
+  const float M = block_max(m);
+  const float S = cuda::block_sum(m == -INFINITY ? 0.f : s * expf(m - M));
+  const float lse = M + logf(S);
+  if (threadIdx.x == 0) row_loss[r] = lse - zy;
+  if (!grad) return;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float p = expf(cuda::ld(row, v) - lse);
+    cuda::st(row, v, grad_scale * (v == y ? p - 1.f : p));
+  }
+}
+
+// One block: loss_sum[0] += sum_t row_loss[t], in fp64 and a fixed order.
+__global__ void loss_reduce_kernel(const float* __restrict__ row_loss, int64_t T, float* __restrict__ loss_sum) {
+  __shared__ double partial[kReduceThreads / 32];
+  double acc = 0.0;
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) acc += row_loss[t];
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) partial[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += partial[w];
+    loss_sum[0] = static_cast<float>(static_cast<double>(loss_sum[0]) + total);
+  }
+}
+
+}  // namespace
+
+void CudaOps::lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& labels, float grad_scale,
+                           const Tensor& loss_sum, const Tensor& dh, const Tensor& dW) {
+  const char* op = "lm_head_loss";
+  const int64_t T = labels.numel(), V = W.ndim ? W.shape[0] : 0;
+  const int64_t d = V ? W.numel() / V : 0;
+  if (V < 1) cuda::fail(op, "W must be [V, d], got " + W.shape_str());
+  expect_rows(h, T, d, op, "h");
+  cuda::expect_numel(loss_sum, 1, op, "loss_sum");
+  const bool grad = dh.numel() != 0;
+  if (grad) {
+    expect_rows(dh, T, d, op, "dh");
+    expect_rows(dW, V, d, op, "dW");
+  }
+  cuda::bf16* hp = cuda::bf16p(h, op, "h");
+  (void)cuda::bf16p(W, op, "W");
+  const int32_t* lab = cuda::i32(labels, op, "labels");
+  float* ls = cuda::f32(loss_sum, op, "loss_sum");
+  cuda::bf16* dhp = grad ? cuda::bf16p(dh, op, "dh") : nullptr;
+  if (grad) (void)cuda::f32(dW, op, "dW");
+  if (T == 0) return;
+
+  int64_t chunk = kLogitsBudget / (V * static_cast<int64_t>(sizeof(cuda::bf16)));
+  if (chunk > kMaxChunkRows) chunk = kMaxChunkRows;
+  if (chunk >= 128) chunk -= chunk % 64;  // GEMM-friendly row counts
+  if (chunk < 1) chunk = 1;
+  if (chunk > T) chunk = T;
+  cuda::bf16* logits = static_cast<cuda::bf16*>(
+      ctx().scratch("lm_head_loss.logits", static_cast<size_t>(chunk * V) * sizeof(cuda::bf16)));
+  float* row_loss = static_cast<float*>(ctx().scratch("lm_head_loss.row_loss", static_cast<size_t>(T) * sizeof(float)));
+  cudaStream_t st = ctx().stream;
+
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t n = chunk < T - t0 ? chunk : T - t0;
+    const Tensor hc(hp + t0 * d, DType::BF16, {n, d}, Device::CUDA);
+    const Tensor Z(logits, DType::BF16, {n, V}, Device::CUDA);
+    gemm(false, true, n, V, d, 1.f, hc, W, 0.f, Z);  // bf16 logits, as HF
+    ce_rows_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
+                                                                     row_loss + t0);
+    cuda::check_launch(op);
+    if (!grad) continue;
+    const Tensor dhc(dhp + t0 * d, DType::BF16, {n, d}, Device::CUDA);
+    gemm(false, false, n, d, V, 1.f, Z, W, 0.f, dhc);  // dh_chunk = dZ @ W
+    gemm(true, false, V, d, n, 1.f, Z, hc, 1.f, dW);   // dW += dZ^T @ h_chunk
+  }
+  loss_reduce_kernel<<<1, kReduceThreads, 0, st>>>(row_loss, T, ls);
+  cuda::check_launch(op);
+}
+
+}  // namespace mxt

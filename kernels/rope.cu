@@ -1,0 +1,90 @@
+// Rotary position embedding, in place on BF16 x [T, n_heads, head_dim], mirroring HF's rounding:
+//   inv_freq[i] = 1 / theta^(2i/D)           fp32, computed on the host exactly as HF / the CPU twin do
+//   a = float(pos) * inv_freq[i]             fp32
+//   c = bf16(cos a), s = bf16(sin a)         (HF: cos.to(x.dtype), sin.to(x.dtype))
+//   x'[i]   = bf16( bf16(x[i] * c)   - bf16(x[i+h] * s) )      (q * cos + rotate_half(q) * sin, in bf16)
+//   x'[i+h] = bf16( bf16(x[i+h] * c) + bf16(x[i] * s) )
+// The backward applies the transpose rotation (s -> -s), which is what autograd computes through those
+// bf16 products: dx[i] = bf16(dy[i] c) + bf16(dy[i+h] s), dx[i+h] = bf16(dy[i+h] c) - bf16(dy[i] s).
+#include <cmath>
+#include <string>
+
+#include "cuda_common.cuh"
+#include "cuda_context.cuh"
+#include "cuda_ops.hpp"
+
+namespace mxt {
+
+namespace {
+
+using cuda::bf16;
+
+constexpr int kThreads = 256;
+constexpr int kMaxHalf = 256;  // head_dim <= 512
+
+struct InvFreq {
+  float v[kMaxHalf];
+};
+
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
+
+// One block per token (grid-stride): cos/sin of the token's angles into shared memory, then all heads.
+__global__ void rope_kernel(bf16* __restrict__ x, const int32_t* __restrict__ pos, const InvFreq inv_freq,
+                            float sign, int64_t T, int64_t H, int half) {
+  __shared__ float cs[kMaxHalf], sn[kMaxHalf];
+  const int64_t D = 2 * static_cast<int64_t>(half);
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    __syncthreads();  // the previous token's cs/sn are no longer read
+    const float p = static_cast<float>(pos[t]);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+      const float a = __fmul_rn(p, inv_freq.v[i]);
+      float s, c;
+      sincosf(a, &s, &c);
+      cs[i] = round_bf16(c);
+      sn[i] = sign * round_bf16(s);
+    }
+    __syncthreads();
+    bf16* xt = x + t * H * D;
+    const int64_t pairs = H * half;
+    for (int64_t k = threadIdx.x; k < pairs; k += blockDim.x) {
+      const int64_t h = k / half;
+      const int i = static_cast<int>(k - h * half);
+      bf16* r = xt + h * D;
+      const float x1 = __bfloat162float(r[i]), x2 = __bfloat162float(r[i + half]);
+      const float c = cs[i], s = sn[i];
+      r[i] = __float2bfloat16(__fsub_rn(round_bf16(__fmul_rn(x1, c)), round_bf16(__fmul_rn(x2, s))));
+      r[i + half] = __float2bfloat16(__fadd_rn(round_bf16(__fmul_rn(x2, c)), round_bf16(__fmul_rn(x1, s))));
+    }
+  }
+}
+
+void rope_apply(CudaContext& ctx, const Tensor& x, const Tensor& pos, float theta, float sign, const char* op) {
+  bf16* xp = cuda::bf16p(x, op, "x");
+  const int32_t* pp = cuda::i32(pos, op, "pos");
+  if (x.ndim != 3) cuda::fail(op, "x must be [T, n_heads, head_dim], got " + x.shape_str());
+  const int64_t T = x.shape[0], H = x.shape[1], D = x.shape[2];
+  if (D % 2) cuda::fail(op, "head_dim must be even, got " + std::to_string(D));
+  if (D / 2 > kMaxHalf) cuda::fail(op, "head_dim " + std::to_string(D) + " exceeds " + std::to_string(2 * kMaxHalf));
+  cuda::expect_numel(pos, T, op, "pos");
+  if (T == 0 || H == 0 || D == 0) return;
+  const int half = static_cast<int>(D / 2);
+  // Same expression as the CPU twin and HF (1.0 / base ** (arange(0, D, 2).float() / D), all fp32).
+  InvFreq inv{};
+  for (int i = 0; i < half; ++i)
+    inv.v[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(D));
+  const unsigned grid = static_cast<unsigned>(T < 65535 * 16 ? T : 65535 * 16);
+  rope_kernel<<<grid, kThreads, 0, ctx.stream>>>(xp, pp, inv, sign, T, H, half);
+  cuda::check_launch(op);
+}
+
+}  // namespace
+
+void CudaOps::rope_forward(const Tensor& x, const Tensor& pos, float theta) {
+  rope_apply(*ctx_, x, pos, theta, 1.f, "rope_forward");
+}
+
+void CudaOps::rope_backward(const Tensor& dx, const Tensor& pos, float theta) {
+  rope_apply(*ctx_, dx, pos, theta, -1.f, "rope_backward");
+}
+
+}  // namespace mxt

@@ -1,0 +1,137 @@
+#pragma once
+// Helpers for CUDA-vs-CPU-twin tests: device tensors from host data (rounded to bf16 where the CUDA dtype is
+// bf16, and the CPU twin gets the same rounded values), results back as floats, error metrics.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "cuda_ops.hpp"
+#include "mxtrain/device_info.hpp"
+#include "mxtrain/ops.hpp"
+
+namespace mxt::testing {
+
+#define MXT_REQUIRE_GPU()                                                        \
+  do {                                                                           \
+    if (::mxt::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: skipped"; \
+  } while (0)
+
+inline uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float bf16_bits_to_f32(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float round_bf16(float f) { return bf16_bits_to_f32(f32_to_bf16_bits(f)); }
+inline void round_bf16(std::vector<float>& v) {
+  for (auto& x : v) x = round_bf16(x);
+}
+
+inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Owns one device buffer; .t is the tensor view.
+struct DeviceTensor {
+  Ops* ops = nullptr;
+  Tensor t;
+  DeviceTensor() = default;
+  DeviceTensor(Ops& o, DType dtype, std::initializer_list<int64_t> dims) : ops(&o) {
+    t = Tensor(nullptr, dtype, dims, Device::CUDA);
+    t.data = o.alloc(t.bytes());
+  }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  DeviceTensor(DeviceTensor&& o) noexcept : ops(o.ops), t(o.t) { o.t.data = nullptr; }
+  ~DeviceTensor() {
+    if (ops && t.data) ops->release(t.data);
+  }
+  operator const Tensor&() const { return t; }
+};
+
+// Uploads host floats as dtype (F32 / BF16) or ints as I32.
+inline DeviceTensor upload(Ops& o, const std::vector<float>& host, DType dtype, std::initializer_list<int64_t> dims) {
+  DeviceTensor d(o, dtype, dims);
+  if (static_cast<int64_t>(host.size()) != d.t.numel()) throw std::invalid_argument("upload: size mismatch");
+  if (dtype == DType::F32) {
+    o.upload(d.t.data, host.data(), host.size() * 4);
+  } else if (dtype == DType::BF16) {
+    std::vector<uint16_t> b(host.size());
+    for (size_t i = 0; i < host.size(); ++i) b[i] = f32_to_bf16_bits(host[i]);
+    o.upload(d.t.data, b.data(), b.size() * 2);
+  } else {
+    throw std::invalid_argument("upload: use upload_i32 for ints");
+  }
+  return d;
+}
+inline DeviceTensor upload_i32(Ops& o, const std::vector<int32_t>& host, std::initializer_list<int64_t> dims) {
+  DeviceTensor d(o, DType::I32, dims);
+  o.upload(d.t.data, host.data(), host.size() * 4);
+  return d;
+}
+inline std::vector<float> download(Ops& o, const Tensor& t) {
+  std::vector<float> out(t.numel());
+  if (t.dtype == DType::F32) {
+    o.download(out.data(), t.data, out.size() * 4);
+  } else if (t.dtype == DType::BF16) {
+    std::vector<uint16_t> b(out.size());
+    o.download(b.data(), t.data, b.size() * 2);
+    for (size_t i = 0; i < b.size(); ++i) out[i] = bf16_bits_to_f32(b[i]);
+  } else {
+    throw std::invalid_argument("download: float tensors only");
+  }
+  return out;
+}
+inline std::vector<int32_t> download_i32(Ops& o, const Tensor& t) {
+  std::vector<int32_t> out(t.numel());
+  o.download(out.data(), t.data, out.size() * 4);
+  return out;
+}
+
+// Host tensor view over a vector (for the CPU twin).
+inline Tensor host(std::vector<float>& v, std::initializer_list<int64_t> dims) {
+  return Tensor(v.data(), DType::F32, dims);
+}
+inline Tensor host_i32(std::vector<int32_t>& v, std::initializer_list<int64_t> dims) {
+  return Tensor(v.data(), DType::I32, dims);
+}
+
+// ||got - ref|| / ||ref||, the global measure for bf16 results; and the worst element.
+inline double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / (den > 0 ? den : 1e-30));
+}
+inline double max_abs_diff(const std::vector<float>& got, const std::vector<float>& ref) {
+  double m = 0;
+  for (size_t i = 0; i < ref.size(); ++i) m = std::max(m, std::abs(double(got[i]) - ref[i]));
+  return m;
+}
+
+#define EXPECT_CLOSE_REL(got, ref, tol)                                                     \
+  do {                                                                                      \
+    ASSERT_EQ((got).size(), (ref).size());                                                  \
+    const double _r = ::mxt::testing::rel_l2(got, ref);                                     \
+    EXPECT_LT(_r, tol) << #got " vs " #ref ": relative L2 error " << _r;                    \
+    EXPECT_TRUE(std::isfinite(_r));                                                         \
+  } while (0)
+
+}  // namespace mxt::testing

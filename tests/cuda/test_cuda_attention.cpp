@@ -1,0 +1,209 @@
+// CudaOps::attention_forward / attention_backward against the CPU twin, on bf16-rounded inputs.
+//
+// Tolerances:
+//  - out (bf16): relative L2 <= 1e-2. P is rounded to bf16 for the P V product and out to bf16 on store.
+//  - lse (fp32): relative L2 <= 1e-3 and max |diff| <= 1e-3. The scores are exact products of bf16 inputs
+//    summed in fp32 in another order; only the summation order and exp2/log2 approximations differ.
+//  - dq, dk, dv (bf16): relative L2 <= 1e-2 (seen on an H200: ~2.4e-3 for every shape here). P and
+//    dS = P * (dP - delta) are rounded to bf16 before the dS K, dS^T Q and P^T dO tensor-core products (the
+//    flash-attention recipe), besides the bf16 outputs. Where the reference is exactly zero (S = 1), see
+//    expect_grad_close.
+//  The backward is fed the CPU twin's own out (rounded to bf16) and lse, so it is tested on its own.
+// Determinism: the backward is run twice and must give bitwise-identical dq, dk, dv.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+
+namespace mxt::testing {
+namespace {
+
+struct Case {
+  int64_t B, S, H, KVH, D;
+  float in_scale;  // std of q and k; larger makes the softmax peakier
+};
+
+std::string name(const Case& c) {
+  return "B" + std::to_string(c.B) + "_S" + std::to_string(c.S) + "_H" + std::to_string(c.H) + "_KVH" +
+         std::to_string(c.KVH) + "_D" + std::to_string(c.D);
+}
+
+std::vector<float> rounded_randn(size_t n, uint32_t seed, float scale) {
+  auto v = randn(n, seed, scale);
+  round_bf16(v);
+  return v;
+}
+
+// Refills a device bf16 tensor with other values (the op under test must overwrite them).
+void overwrite_bf16(Ops& o, const DeviceTensor& d, const std::vector<float>& host_vals) {
+  std::vector<uint16_t> b(host_vals.size());
+  for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16_bits(host_vals[i]);
+  o.upload(d.t.data, b.data(), b.size() * 2);
+}
+
+// Gradients: relative L2 <= 1e-2. A reference that is exactly zero (S = 1: the lone key has P = 1, so
+// dS = dP - delta = 0 and dq = dk = 0) makes the relative error meaningless; there the GPU's result is only
+// rounding noise of dP - delta (two fp32 dot products summed in different orders) and must be tiny.
+void expect_grad_close(const std::vector<float>& got, const std::vector<float>& ref, const char* what) {
+  double ref_sq = 0;
+  for (float x : ref) ref_sq += double(x) * x;
+  if (ref_sq == 0.0) {
+    EXPECT_LT(max_abs_diff(got, ref), 1e-4) << what << ": reference is all zeros";
+  } else {
+    const double r = rel_l2(got, ref);
+    EXPECT_LT(r, 1e-2) << what << ": relative L2 error " << r;
+  }
+}
+
+void run_case(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(name(c));
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  const AttnShape s{c.B, c.S, c.H, c.KVH, c.D};
+  const int64_t T = c.B * c.S;
+  const size_t nq = static_cast<size_t>(T * c.H * c.D), nkv = static_cast<size_t>(T * c.KVH * c.D);
+  const size_t nl = static_cast<size_t>(c.B * c.H * c.S);
+
+  auto q = rounded_randn(nq, seed + 1, c.in_scale);
+  auto k = rounded_randn(nkv, seed + 2, c.in_scale);
+  auto v = rounded_randn(nkv, seed + 3, 1.f);
+  auto dout = rounded_randn(nq, seed + 4, 1.f);
+
+  // ---- forward ----
+  std::vector<float> out_ref(nq), lse_ref(nl);
+  cpu->attention_forward(s, host(q, {T, c.H, c.D}), host(k, {T, c.KVH, c.D}), host(v, {T, c.KVH, c.D}),
+                         host(out_ref, {T, c.H, c.D}), host(lse_ref, {c.B, c.H, c.S}));
+
+  auto dq_ = upload(*gpu, q, DType::BF16, {T, c.H, c.D});
+  auto dk_ = upload(*gpu, k, DType::BF16, {T, c.KVH, c.D});
+  auto dv_ = upload(*gpu, v, DType::BF16, {T, c.KVH, c.D});
+  // Outputs start as garbage: the op must overwrite every element.
+  auto dout_ = upload(*gpu, rounded_randn(nq, seed + 5, 100.f), DType::BF16, {T, c.H, c.D});
+  auto dlse_ = upload(*gpu, randn(nl, seed + 6, 100.f), DType::F32, {c.B, c.H, c.S});
+  gpu->attention_forward(s, dq_, dk_, dv_, dout_, dlse_);
+  const auto out = download(*gpu, dout_);
+  const auto lse = download(*gpu, dlse_);
+  EXPECT_CLOSE_REL(out, out_ref, 1e-2);
+  EXPECT_CLOSE_REL(lse, lse_ref, 1e-3);
+  EXPECT_LT(max_abs_diff(lse, lse_ref), 1e-3);
+
+  // ---- backward, fed the reference out (bf16-rounded) and lse ----
+  auto out_b = out_ref;
+  round_bf16(out_b);
+  std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
+  cpu->attention_backward(s, host(dout, {T, c.H, c.D}), host(q, {T, c.H, c.D}), host(k, {T, c.KVH, c.D}),
+                          host(v, {T, c.KVH, c.D}), host(out_b, {T, c.H, c.D}), host(lse_ref, {c.B, c.H, c.S}),
+                          host(dq_ref, {T, c.H, c.D}), host(dk_ref, {T, c.KVH, c.D}),
+                          host(dv_ref, {T, c.KVH, c.D}));
+
+  auto g_dout = upload(*gpu, dout, DType::BF16, {T, c.H, c.D});
+  auto g_out = upload(*gpu, out_b, DType::BF16, {T, c.H, c.D});
+  auto g_lse = upload(*gpu, lse_ref, DType::F32, {c.B, c.H, c.S});
+  auto g_dq = upload(*gpu, rounded_randn(nq, seed + 7, 100.f), DType::BF16, {T, c.H, c.D});
+  auto g_dk = upload(*gpu, rounded_randn(nkv, seed + 8, 100.f), DType::BF16, {T, c.KVH, c.D});
+  auto g_dv = upload(*gpu, rounded_randn(nkv, seed + 9, 100.f), DType::BF16, {T, c.KVH, c.D});
+  gpu->attention_backward(s, g_dout, dq_, dk_, dv_, g_out, g_lse, g_dq, g_dk, g_dv);
+  const auto dq1 = download(*gpu, g_dq);
+  const auto dk1 = download(*gpu, g_dk);
+  const auto dv1 = download(*gpu, g_dv);
+  std::printf("[attention %s] rel L2: out %.2e lse %.2e (max abs %.2e) dq %.2e dk %.2e dv %.2e"
+              " (max abs: dq %.2e dk %.2e)\n",
+              name(c).c_str(), rel_l2(out, out_ref), rel_l2(lse, lse_ref), max_abs_diff(lse, lse_ref),
+              rel_l2(dq1, dq_ref), rel_l2(dk1, dk_ref), rel_l2(dv1, dv_ref), max_abs_diff(dq1, dq_ref),
+              max_abs_diff(dk1, dk_ref));
+  expect_grad_close(dq1, dq_ref, "dq");
+  expect_grad_close(dk1, dk_ref, "dk");
+  expect_grad_close(dv1, dv_ref, "dv");
+
+  // Determinism: a second run (outputs reset to other garbage first) gives the same bits.
+  overwrite_bf16(*gpu, g_dq, rounded_randn(nq, seed + 10, 50.f));
+  overwrite_bf16(*gpu, g_dk, rounded_randn(nkv, seed + 11, 50.f));
+  overwrite_bf16(*gpu, g_dv, rounded_randn(nkv, seed + 12, 50.f));
+  gpu->attention_backward(s, g_dout, dq_, dk_, dv_, g_out, g_lse, g_dq, g_dk, g_dv);
+  const auto dq2 = download(*gpu, g_dq);
+  const auto dk2 = download(*gpu, g_dk);
+  const auto dv2 = download(*gpu, g_dv);
+  EXPECT_EQ(0, std::memcmp(dq1.data(), dq2.data(), dq1.size() * sizeof(float))) << "dq not deterministic";
+  EXPECT_EQ(0, std::memcmp(dk1.data(), dk2.data(), dk1.size() * sizeof(float))) << "dk not deterministic";
+  EXPECT_EQ(0, std::memcmp(dv1.data(), dv2.data(), dv1.size() * sizeof(float))) << "dv not deterministic";
+}
+
+TEST(CudaAttention, B2_S128_H4_KVH2_D64) {
+  MXT_REQUIRE_GPU();
+  run_case({2, 128, 4, 2, 64, 1.f}, 100);
+}
+
+TEST(CudaAttention, B1_S300_H8_KVH2_D128) {
+  MXT_REQUIRE_GPU();
+  run_case({1, 300, 8, 2, 128, 1.f}, 200);
+}
+
+TEST(CudaAttention, B3_S7_H2_KVH1_D32) {
+  MXT_REQUIRE_GPU();
+  run_case({3, 7, 2, 1, 32, 1.f}, 300);
+}
+
+TEST(CudaAttention, SeqOne) {
+  MXT_REQUIRE_GPU();
+  run_case({1, 1, 4, 2, 64, 1.f}, 400);
+  run_case({2, 1, 4, 1, 16, 1.f}, 410);
+}
+
+TEST(CudaAttention, B1_S1024_H16_KVH8_D64) {
+  MXT_REQUIRE_GPU();
+  run_case({1, 1024, 16, 8, 64, 1.f}, 500);
+}
+
+TEST(CudaAttention, SmallHeadDims) {
+  MXT_REQUIRE_GPU();
+  run_case({2, 45, 4, 4, 16, 1.f}, 600);   // MHA (group 1), head_dim 16
+  run_case({1, 97, 6, 2, 32, 1.f}, 610);   // group 3, crosses tile edges
+}
+
+// Peaky softmax (scores with std ~ 9): exercises the online rescaling across many key tiles.
+TEST(CudaAttention, PeakyScores) {
+  MXT_REQUIRE_GPU();
+  run_case({2, 200, 4, 1, 64, 3.f}, 700);
+  run_case({1, 130, 2, 2, 128, 3.f}, 710);
+}
+
+TEST(CudaAttention, LongSeq4096) {
+  MXT_REQUIRE_GPU();
+  run_case({1, 4096, 2, 1, 64, 1.f}, 800);
+}
+
+TEST(CudaAttention, RejectsUnsupportedHeadDim) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  const AttnShape s{1, 4, 2, 2, 96};
+  DeviceTensor q(*gpu, DType::BF16, {4, 2, 96}), k(*gpu, DType::BF16, {4, 2, 96}),
+      v(*gpu, DType::BF16, {4, 2, 96}), o(*gpu, DType::BF16, {4, 2, 96}), l(*gpu, DType::F32, {1, 2, 4});
+  try {
+    gpu->attention_forward(s, q, k, v, o, l);
+    FAIL() << "head_dim 96 was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 96"), std::string::npos) << e.what();
+  }
+  try {
+    gpu->attention_backward(s, o, q, k, v, o, l, q, k, v);
+    FAIL() << "head_dim 96 was accepted by the backward";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 96"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaAttention, RejectsWrongDtype) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  const AttnShape s{1, 4, 2, 2, 64};
+  DeviceTensor q(*gpu, DType::F32, {4, 2, 64}), k(*gpu, DType::BF16, {4, 2, 64}), v(*gpu, DType::BF16, {4, 2, 64}),
+      o(*gpu, DType::BF16, {4, 2, 64}), l(*gpu, DType::F32, {1, 2, 4});
+  EXPECT_THROW(gpu->attention_forward(s, q, k, v, o, l), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace mxt::testing

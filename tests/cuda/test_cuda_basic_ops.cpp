@@ -1,0 +1,463 @@
+// CUDA elementwise, embedding, RMSNorm, RoPE and AdamW ops against their CPU twins (CpuOps), on the same
+// bf16-rounded inputs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+
+namespace mxt::testing {
+namespace {
+
+std::vector<float> rounded_randn(size_t n, uint32_t seed, float scale = 1.f) {
+  auto v = randn(n, seed, scale);
+  round_bf16(v);
+  return v;
+}
+
+// Distance in bf16 units in the last place between two bf16-representable floats of equal sign.
+int bf16_ulps(float a, float b) {
+  const int ia = f32_to_bf16_bits(a), ib = f32_to_bf16_bits(b);
+  if (((ia ^ ib) & 0x8000) && !(a == 0.f && b == 0.f)) return 1 << 16;  // different signs: count as far
+  return std::abs(ia - ib);
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// ---- copy ----------------------------------------------------------------------------------------
+
+TEST(CudaBasicOps, CopyRoundTripIsRoundToNearestEven) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  for (int64_t n : {1, 7, 1023, 100003}) {
+    auto x = randn(static_cast<size_t>(n), 11 + static_cast<uint32_t>(n), 3.f);
+    // Ties (exactly halfway between two bf16 values) must round to even, both directions.
+    const float ties[] = {1.00390625f /* 1 + 2^-8: down to 1 */, 1.01171875f /* 1 + 3*2^-8: up */,
+                          -1.00390625f, -1.01171875f, 3.0e38f, 1.0e-39f /* subnormal */, 0.f, -0.f};
+    for (size_t i = 0; i < std::size(ties) && i < x.size(); ++i) x[i] = ties[i];
+    auto src = upload(*gpu, x, DType::F32, {n});
+    DeviceTensor mid(*gpu, DType::BF16, {n});
+    DeviceTensor back(*gpu, DType::F32, {n});
+    gpu->copy(src, mid);
+    gpu->copy(mid, back);
+    auto got = download(*gpu, back.t);
+    std::vector<float> want(x);
+    round_bf16(want);
+    EXPECT_TRUE(bitwise_equal(got, want)) << "n=" << n;
+    if (n >= 2) {
+      EXPECT_EQ(got[0], 1.0f);
+      EXPECT_EQ(got[1], 1.015625f);
+    }
+    // Same-dtype copies are exact.
+    DeviceTensor mid2(*gpu, DType::BF16, {n});
+    gpu->copy(mid, mid2);
+    EXPECT_TRUE(bitwise_equal(download(*gpu, mid2.t), want));
+    DeviceTensor f2(*gpu, DType::F32, {n});
+    gpu->copy(src, f2);
+    EXPECT_TRUE(bitwise_equal(download(*gpu, f2.t), x));
+  }
+}
+
+TEST(CudaBasicOps, ZeroClearsEveryDtype) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  const int64_t n = 1001;
+  auto f = upload(*gpu, randn(n, 5), DType::F32, {n});
+  auto b = upload(*gpu, randn(n, 6), DType::BF16, {n});
+  gpu->zero(f);
+  gpu->zero(b);
+  for (float v : download(*gpu, f.t)) ASSERT_EQ(v, 0.f);
+  for (float v : download(*gpu, b.t)) ASSERT_EQ(v, 0.f);
+}
+
+TEST(CudaBasicOps, ErrorsNameOpAndArgument) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  DeviceTensor a(*gpu, DType::F32, {10}), b(*gpu, DType::BF16, {11}), i(*gpu, DType::I32, {10});
+  try {
+    gpu->copy(a, b);
+    FAIL() << "copy with different numel must throw";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("copy"), std::string::npos) << e.what();
+  }
+  try {
+    gpu->add(a, i, a);
+    FAIL() << "add of an I32 tensor must throw";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("add: b"), std::string::npos) << e.what();
+  }
+  DeviceTensor x(*gpu, DType::BF16, {4, 2, 7});
+  DeviceTensor pos(*gpu, DType::I32, {4});
+  EXPECT_THROW(gpu->rope_forward(x, pos, 1e4f), std::exception);  // odd head_dim
+  DeviceTensor acc(*gpu, DType::BF16, {1});
+  EXPECT_THROW(gpu->sum_squares(a, acc), std::exception);  // acc must be F32
+}
+
+// ---- add / mul / scale ---------------------------------------------------------------------------
+
+TEST(CudaBasicOps, AddMulScaleMatchCpu) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  for (int64_t n : {1, 255, 70001}) {
+    for (DType dt : {DType::F32, DType::BF16}) {
+      auto xa = rounded_randn(n, 21, 2.f), xb = rounded_randn(n, 22, 0.5f);
+      std::vector<float> ref_add(n), ref_mul(n), ref_scale(xa);
+      cpu->add(host(xa, {n}), host(xb, {n}), host(ref_add, {n}));
+      cpu->mul(host(xa, {n}), host(xb, {n}), host(ref_mul, {n}));
+      cpu->scale(host(ref_scale, {n}), -0.37f);
+      if (dt == DType::BF16) {  // fp32 math, one rounding of the result: exactly round_bf16 of the fp32 twin
+        round_bf16(ref_add);
+        round_bf16(ref_mul);
+        round_bf16(ref_scale);
+      }
+      auto a = upload(*gpu, xa, dt, {n});
+      auto b = upload(*gpu, xb, dt, {n});
+      DeviceTensor out(*gpu, dt, {n});
+      gpu->add(a, b, out);
+      EXPECT_TRUE(bitwise_equal(download(*gpu, out.t), ref_add)) << "add n=" << n;
+      EXPECT_CLOSE_REL(download(*gpu, out.t), ref_add, 1e-6);
+      gpu->mul(a, b, out);
+      EXPECT_TRUE(bitwise_equal(download(*gpu, out.t), ref_mul)) << "mul n=" << n;
+      gpu->scale(a, -0.37f);
+      EXPECT_TRUE(bitwise_equal(download(*gpu, a.t), ref_scale)) << "scale n=" << n;
+    }
+  }
+}
+
+TEST(CudaBasicOps, AddMulAliasingAndMixedDtypes) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  const int64_t n = 4097;
+  auto xa = rounded_randn(n, 31), xb = rounded_randn(n, 32);
+  std::vector<float> ref(n);
+  cpu->add(host(xa, {n}), host(xb, {n}), host(ref, {n}));
+  // out aliases a (in-place accumulate, as a residual add does).
+  auto a = upload(*gpu, xa, DType::BF16, {n});
+  auto b = upload(*gpu, xb, DType::BF16, {n});
+  gpu->add(a, b, a);
+  std::vector<float> ref_bf(ref);
+  round_bf16(ref_bf);
+  EXPECT_TRUE(bitwise_equal(download(*gpu, a.t), ref_bf));
+  // bf16 a + f32 b -> f32 out (no rounding of the result).
+  auto a2 = upload(*gpu, xa, DType::BF16, {n});
+  auto b2 = upload(*gpu, xb, DType::F32, {n});
+  DeviceTensor o2(*gpu, DType::F32, {n});
+  gpu->add(a2, b2, o2);
+  EXPECT_TRUE(bitwise_equal(download(*gpu, o2.t), ref));
+  // out aliases b for mul.
+  std::vector<float> refm(n);
+  cpu->mul(host(xa, {n}), host(xb, {n}), host(refm, {n}));
+  auto a3 = upload(*gpu, xa, DType::F32, {n});
+  auto b3 = upload(*gpu, xb, DType::F32, {n});
+  gpu->mul(a3, b3, b3);
+  EXPECT_TRUE(bitwise_equal(download(*gpu, b3.t), refm));
+}
+
+// ---- sum_squares ---------------------------------------------------------------------------------
+
+TEST(CudaBasicOps, SumSquaresMatchesCpuAndIsDeterministic) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  for (int64_t n : {1, 257, 3000001}) {
+    for (DType dt : {DType::F32, DType::BF16}) {
+      auto x = randn(n, 41, 0.3f);
+      if (dt == DType::BF16) round_bf16(x);
+      std::vector<float> ref_acc = {1.5f};
+      cpu->sum_squares(host(x, {n}), host(ref_acc, {1}));
+      auto t = upload(*gpu, x, dt, {n});
+      std::vector<float> got[2];
+      for (auto& g : got) {
+        auto acc = upload(*gpu, std::vector<float>{1.5f}, DType::F32, {1});
+        gpu->sum_squares(t, acc);
+        g = download(*gpu, acc.t);
+      }
+      EXPECT_NEAR(got[0][0], ref_acc[0], 1e-6 * std::abs(ref_acc[0])) << "n=" << n;
+      EXPECT_TRUE(bitwise_equal(got[0], got[1])) << "not deterministic, n=" << n;
+      EXPECT_GT(got[0][0], 1.5f);
+    }
+  }
+  // Accumulates across calls: two calls add twice the sum.
+  const int64_t n = 10007;
+  auto x = randn(n, 43);
+  std::vector<float> ref = {0.f};
+  cpu->sum_squares(host(x, {n}), host(ref, {1}));
+  cpu->sum_squares(host(x, {n}), host(ref, {1}));
+  auto t = upload(*gpu, x, DType::F32, {n});
+  DeviceTensor acc(*gpu, DType::F32, {1});
+  gpu->sum_squares(t, acc);
+  gpu->sum_squares(t, acc);
+  EXPECT_NEAR(download(*gpu, acc.t)[0], ref[0], 1e-6 * ref[0]);
+}
+
+// ---- embedding -----------------------------------------------------------------------------------
+
+std::vector<int32_t> random_ids(int64_t T, int64_t V, uint32_t seed, int32_t hot_id = -1) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(V - 1));
+  std::vector<int32_t> ids(T);
+  for (int64_t t = 0; t < T; ++t) ids[t] = (hot_id >= 0 && t % 3 == 0) ? hot_id : d(rng);
+  return ids;
+}
+
+TEST(CudaBasicOps, EmbeddingForwardIsExact) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  struct Case { int64_t T, V, d; };
+  for (const Case c : {Case{1, 5, 8}, Case{513, 1000, 64}, Case{300, 77, 37}, Case{1029, 3001, 4096}}) {
+    auto ids = random_ids(c.T, c.V, 51 + static_cast<uint32_t>(c.d), 3);
+    ids[0] = static_cast<int32_t>(c.V - 1);
+    auto table = rounded_randn(c.V * c.d, 52);
+    std::vector<float> ref(c.T * c.d);
+    cpu->embedding_forward(host_i32(ids, {c.T}), host(table, {c.V, c.d}), host(ref, {c.T, c.d}));
+    auto gids = upload_i32(*gpu, ids, {c.T});
+    auto gtab = upload(*gpu, table, DType::BF16, {c.V, c.d});
+    auto gout = upload(*gpu, randn(c.T * c.d, 53), DType::BF16, {c.T, c.d});  // overwritten
+    gpu->embedding_forward(gids, gtab, gout);
+    EXPECT_TRUE(bitwise_equal(download(*gpu, gout.t), ref)) << "T=" << c.T << " d=" << c.d;
+  }
+}
+
+TEST(CudaBasicOps, EmbeddingBackwardRepeatedIdsDeterministic) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  struct Case { int64_t T, V, d; };
+  for (const Case c : {Case{1, 3, 5}, Case{4099, 300, 130}, Case{2000, 50, 64}, Case{32768, 128256, 96}}) {
+    // One hot id on every third token and many random repeats; the table gradient starts non-zero.
+    auto ids = random_ids(c.T, c.V, 61 + static_cast<uint32_t>(c.T), c.T > 1 ? 7 % c.V : -1);
+    auto dout = rounded_randn(c.T * c.d, 62);
+    auto dtab0 = randn(c.V * c.d, 63, 0.1f);
+    std::vector<float> ref(dtab0);
+    cpu->embedding_backward(host_i32(ids, {c.T}), host(dout, {c.T, c.d}), host(ref, {c.V, c.d}));
+    auto gids = upload_i32(*gpu, ids, {c.T});
+    auto gdout = upload(*gpu, dout, DType::BF16, {c.T, c.d});
+    std::vector<float> got[2];
+    for (auto& g : got) {
+      auto gdt = upload(*gpu, dtab0, DType::F32, {c.V, c.d});
+      gpu->embedding_backward(gids, gdout, gdt);
+      g = download(*gpu, gdt.t);
+    }
+    EXPECT_CLOSE_REL(got[0], ref, 1e-6);
+    EXPECT_LT(max_abs_diff(got[0], ref), 1e-5) << "T=" << c.T;
+    EXPECT_TRUE(bitwise_equal(got[0], got[1])) << "not deterministic, T=" << c.T;
+  }
+}
+
+// ---- RMSNorm -------------------------------------------------------------------------------------
+
+TEST(CudaBasicOps, RmsNormForwardMatchesCpuAndHfRounding) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  const float eps = 1e-5f;
+  struct Case { int64_t T, d; };
+  for (const Case c : {Case{1, 64}, Case{7, 1000}, Case{300, 4096}, Case{5, 33}, Case{3, 16384}}) {
+    auto x = rounded_randn(c.T * c.d, 71, 2.f);
+    auto w = randn(c.d, 72, 0.2f);
+    for (auto& v : w) v += 1.f;
+    round_bf16(w);
+    std::vector<float> ref_y(c.T * c.d), ref_r(c.T);
+    cpu->rmsnorm_forward(host(x, {c.T, c.d}), host(w, {c.d}), eps, host(ref_y, {c.T, c.d}), host(ref_r, {c.T}));
+    auto gx = upload(*gpu, x, DType::BF16, {c.T, c.d});
+    auto gw = upload(*gpu, w, DType::BF16, {c.d});
+    DeviceTensor gy(*gpu, DType::BF16, {c.T, c.d});
+    DeviceTensor gr(*gpu, DType::F32, {c.T});
+    gpu->rmsnorm_forward(gx, gw, eps, gy, gr);
+    auto y = download(*gpu, gy.t);
+    auto r = download(*gpu, gr.t);
+    EXPECT_CLOSE_REL(y, ref_y, 1e-2);
+    EXPECT_CLOSE_REL(r, ref_r, 1e-6);
+    // Host emulation of HF's rounding order: y = bf16(w * bf16(x * r)). With the device's own rstd it must
+    // match bit for bit; with the CPU twin's rstd (fp64 statistics, may differ by an fp32 ulp) to 1 bf16 ulp.
+    int64_t own_mismatches = 0, mismatches = 0, far = 0, single_rounding_diffs = 0;
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t j = 0; j < c.d; ++j) {
+        const float xv = x[t * c.d + j], g = y[t * c.d + j];
+        if (g != round_bf16(w[j] * round_bf16(xv * r[t]))) ++own_mismatches;
+        const float e = round_bf16(w[j] * round_bf16(xv * ref_r[t]));
+        if (g != e) ++mismatches;
+        if (bf16_ulps(g, e) > 1) ++far;
+        if (g != round_bf16(w[j] * (xv * r[t]))) ++single_rounding_diffs;
+      }
+    EXPECT_EQ(own_mismatches, 0) << "d=" << c.d;
+    EXPECT_EQ(far, 0) << "elements more than 1 bf16 ulp from the HF emulation, d=" << c.d;
+    EXPECT_LE(mismatches, std::max<int64_t>(1, c.T * c.d / 1000)) << "d=" << c.d;
+    if (c.T * c.d >= 10000) {  // the double rounding is visible: a single rounding gives other bits somewhere
+      EXPECT_GT(single_rounding_diffs, 0) << "d=" << c.d;
+    }
+  }
+}
+
+TEST(CudaBasicOps, RmsNormBackwardMatchesCpu) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  const float eps = 1e-5f;
+  struct Case { int64_t T, d; };
+  for (const Case c : {Case{1, 64}, Case{7, 1000}, Case{1500, 512}, Case{64, 16384}, Case{3, 33}}) {
+    auto x = rounded_randn(c.T * c.d, 81, 1.5f);
+    auto dy = rounded_randn(c.T * c.d, 82);
+    auto w = randn(c.d, 83, 0.2f);
+    for (auto& v : w) v += 1.f;
+    round_bf16(w);
+    std::vector<float> y(c.T * c.d), rstd(c.T);
+    cpu->rmsnorm_forward(host(x, {c.T, c.d}), host(w, {c.d}), eps, host(y, {c.T, c.d}), host(rstd, {c.T}));
+    auto dw0 = randn(c.d, 84, 0.5f);
+    std::vector<float> ref_dx(c.T * c.d), ref_dw(dw0);
+    cpu->rmsnorm_backward(host(dy, {c.T, c.d}), host(x, {c.T, c.d}), host(w, {c.d}), host(rstd, {c.T}),
+                          host(ref_dx, {c.T, c.d}), host(ref_dw, {c.d}));
+    auto gdy = upload(*gpu, dy, DType::BF16, {c.T, c.d});
+    auto gx = upload(*gpu, x, DType::BF16, {c.T, c.d});
+    auto gw = upload(*gpu, w, DType::BF16, {c.d});
+    auto gr = upload(*gpu, rstd, DType::F32, {c.T});
+    auto gdx = upload(*gpu, randn(c.T * c.d, 85), DType::BF16, {c.T, c.d});  // overwritten
+    std::vector<float> got_dw[2];
+    std::vector<float> got_dx;
+    for (auto& g : got_dw) {
+      auto gdw = upload(*gpu, dw0, DType::F32, {c.d});
+      gpu->rmsnorm_backward(gdy, gx, gw, gr, gdx, gdw);
+      g = download(*gpu, gdw.t);
+      got_dx = download(*gpu, gdx.t);
+    }
+    EXPECT_CLOSE_REL(got_dx, ref_dx, 1e-2);
+    // dw is F32 from identical bf16 inputs: only the summation order differs from the fp64 twin.
+    EXPECT_CLOSE_REL(got_dw[0], ref_dw, 1e-5);
+    EXPECT_TRUE(bitwise_equal(got_dw[0], got_dw[1])) << "dw not deterministic, T=" << c.T;
+  }
+}
+
+// ---- RoPE ----------------------------------------------------------------------------------------
+
+// HF's bf16 arithmetic on the host: c, s = bf16(cos/sin of the fp32 angle); out = bf16(bf16(x1 c) -/+ bf16(x2 s)).
+std::vector<float> rope_hf_emulation(const std::vector<float>& x, const std::vector<int32_t>& pos, int64_t T,
+                                     int64_t H, int64_t D, float theta, float sign) {
+  std::vector<float> out(x);
+  const int64_t half = D / 2;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float inv = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(D));
+      const float a = static_cast<float>(pos[t]) * inv;
+      const float c = round_bf16(static_cast<float>(std::cos(static_cast<double>(a))));
+      const float s = sign * round_bf16(static_cast<float>(std::sin(static_cast<double>(a))));
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t b = (t * H + h) * D;
+        const float x1 = x[b + i], x2 = x[b + i + half];
+        out[b + i] = round_bf16(round_bf16(x1 * c) - round_bf16(x2 * s));
+        out[b + i + half] = round_bf16(round_bf16(x2 * c) + round_bf16(x1 * s));
+      }
+    }
+  return out;
+}
+
+TEST(CudaBasicOps, RopeForwardBackwardMatchCpu) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  const float theta = 1e6f;
+  struct Case { int64_t T, H, D; };
+  for (const Case c : {Case{1, 1, 64}, Case{300, 3, 64}, Case{257, 8, 128}, Case{5, 2, 2}}) {
+    std::mt19937 rng(91 + static_cast<uint32_t>(c.D));
+    std::uniform_int_distribution<int32_t> pd(0, 4095);
+    std::vector<int32_t> pos(c.T);
+    for (auto& p : pos) p = pd(rng);
+    pos[0] = 4095;
+    const int64_t n = c.T * c.H * c.D;
+    auto x = rounded_randn(n, 92);
+    auto gpos = upload_i32(*gpu, pos, {c.T});
+    for (float sign : {1.f, -1.f}) {
+      std::vector<float> ref(x);
+      if (sign > 0)
+        cpu->rope_forward(host(ref, {c.T, c.H, c.D}), host_i32(pos, {c.T}), theta);
+      else
+        cpu->rope_backward(host(ref, {c.T, c.H, c.D}), host_i32(pos, {c.T}), theta);
+      auto gx = upload(*gpu, x, DType::BF16, {c.T, c.H, c.D});
+      if (sign > 0)
+        gpu->rope_forward(gx, gpos, theta);
+      else
+        gpu->rope_backward(gx, gpos, theta);
+      auto got = download(*gpu, gx.t);
+      EXPECT_CLOSE_REL(got, ref, 1e-2);
+      auto emu = rope_hf_emulation(x, pos, c.T, c.H, c.D, theta, sign);
+      int64_t mismatches = 0, far = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (got[i] != emu[i]) ++mismatches;
+        if (bf16_ulps(got[i], emu[i]) > 1) ++far;
+      }
+      // cos/sin here come from libm in fp64, on the device from sincosf: their bf16 roundings can differ
+      // where the value sits within an fp32 ulp of a bf16 rounding boundary (rare).
+      EXPECT_LE(far, std::max<int64_t>(2, n / 2000)) << "D=" << c.D << " sign=" << sign;
+      EXPECT_LE(mismatches, std::max<int64_t>(2, n / 200)) << "D=" << c.D << " sign=" << sign;
+    }
+    // backward(forward(x)) is x up to bf16 rounding: the rotation is orthogonal.
+    auto gx = upload(*gpu, x, DType::BF16, {c.T, c.H, c.D});
+    gpu->rope_forward(gx, gpos, theta);
+    gpu->rope_backward(gx, gpos, theta);
+    EXPECT_CLOSE_REL(download(*gpu, gx.t), x, 1e-2);
+  }
+}
+
+// ---- AdamW ---------------------------------------------------------------------------------------
+
+TEST(CudaBasicOps, AdamWMatchesCpu) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  AdamWStep s;
+  s.lr = 3e-4f;
+  s.beta1 = 0.9f;
+  s.beta2 = 0.95f;
+  s.eps = 1e-8f;
+  s.weight_decay = 0.1f;
+  s.step = 3;
+  s.grad_scale = 0.5f;
+  for (int64_t n : {int64_t{1000003}, int64_t{5}}) {
+    for (int64_t offset : {0, 1}) {  // offset 1: misaligned for float4, exercising the scalar path
+      auto p = randn(n, 101), g = randn(n, 102, 2.f), m = randn(n, 103, 0.1f), v = randn(n, 104, 0.1f);
+      for (auto& e : v) e = e * e;
+      std::vector<float> rp(p), rm(m), rv(v);
+      cpu->adamw_step(host(rp, {n}), host(g, {n}), host(rm, {n}), host(rv, {n}), s);
+      auto pad = [&](const std::vector<float>& a) {
+        std::vector<float> b(offset, 0.f);
+        b.insert(b.end(), a.begin(), a.end());
+        return b;
+      };
+      const int64_t N = n + offset;
+      auto gp = upload(*gpu, pad(p), DType::F32, {N}), gg = upload(*gpu, pad(g), DType::F32, {N});
+      auto gm = upload(*gpu, pad(m), DType::F32, {N}), gv = upload(*gpu, pad(v), DType::F32, {N});
+      auto view = [&](const DeviceTensor& d) { return d.t.rows(offset, n); };
+      gpu->adamw_step(view(gp), view(gg), view(gm), view(gv), s);
+      auto tail = [&](const DeviceTensor& d) {
+        auto all = download(*gpu, d.t);
+        return std::vector<float>(all.begin() + offset, all.end());
+      };
+      const auto got_p = tail(gp), got_m = tail(gm), got_v = tail(gv);
+      EXPECT_CLOSE_REL(got_p, rp, 1e-6);
+      EXPECT_CLOSE_REL(got_m, rm, 1e-6);
+      EXPECT_CLOSE_REL(got_v, rv, 1e-6);
+      // The update itself (p_new - p, about lr in size) must match too, not only the parameter.
+      std::vector<float> du_got(n), du_ref(n);
+      for (int64_t i = 0; i < n; ++i) {
+        du_got[i] = got_p[i] - p[i];
+        du_ref[i] = rp[i] - p[i];
+      }
+      EXPECT_CLOSE_REL(du_got, du_ref, 1e-3);
+      EXPECT_GT(rel_l2(got_p, p), 1e-5);
+      EXPECT_EQ(download(*gpu, gp.t).front(), offset ? 0.f : got_p.front());  // padding untouched
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mxt::testing
