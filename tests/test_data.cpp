@@ -216,7 +216,7 @@ TEST(LoadTokens, ConcatenatesFastaFilesInOrder) {
   EXPECT_NE(data_error([&] { mxt::load_tokens(cfg, 256); }).find("256"), std::string::npos);
 }
 
-TEST(LoadTokens, NeedsMaxSeqLengthPlusOneTokens) {
+TEST(LoadTokens, NeedsOneFullWindow) {
   TempDir d;
   std::vector<uint32_t> v(129, 5);
   std::string bytes;
@@ -225,9 +225,9 @@ TEST(LoadTokens, NeedsMaxSeqLengthPlusOneTokens) {
   DatasetConfig cfg;
   cfg.source = "tokens";
   cfg.paths = {p};
-  cfg.max_seq_length = 128;
-  EXPECT_EQ(mxt::load_tokens(cfg, 16).size(), 129u);
   cfg.max_seq_length = 129;
+  EXPECT_EQ(mxt::load_tokens(cfg, 16).size(), 129u);
+  cfg.max_seq_length = 130;
   EXPECT_NE(data_error([&] { mxt::load_tokens(cfg, 16); }).find("129 tokens"), std::string::npos);
 }
 

@@ -35,10 +35,10 @@ std::vector<int32_t> load_tokens(const DatasetConfig& cfg, int64_t vocab_size) {
   } else {
     throw DataError("unknown dataset.source '" + cfg.source + "' (expected embedded, fasta or tokens)");
   }
-  // One full window plus the token after it: anything shorter cannot make a single training row.
-  if (static_cast<int64_t>(all.size()) < cfg.max_seq_length + 1)
+  // Labels shift inside a window (HF), so one full window is the least that makes a training row.
+  if (static_cast<int64_t>(all.size()) < cfg.max_seq_length)
     throw DataError("dataset (" + cfg.source + ") has " + std::to_string(all.size()) +
-                    " tokens, fewer than max_seq_length+1 = " + std::to_string(cfg.max_seq_length + 1));
+                    " tokens, fewer than one window of max_seq_length = " + std::to_string(cfg.max_seq_length));
   return all;
 }
 

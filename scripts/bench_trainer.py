@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""mxtrain's trainer beside the HF transformers baseline, in one call on one GPU.
+
+For each preset: mxtrain --config-name bench_<preset> (4 optimizer steps of 8 x 4096 tokens), then
+hf_baseline.py --preset <preset> on the same shape and batch. Prints tokens/s, model TFLOP/s (the HF script's
+FLOP formula) and the ratio; writes one JSON line per run to --out.
+
+  python3 scripts/bench_trainer.py --mxtrain build/mxtrain --hf-baseline ../shared/bench/hf_baseline.py 8x1B
+"""
+import argparse, json, os, statistics, subprocess, sys
+
+SHAPES = {  # preset: (our config name, HF shape numbers for the FLOP formula)
+    "8x1B": ("bench_8x1B", dict(d=2048, f=4096, L=16, H=16, KVH=8, E=8, k=2, V=128256)),
+    "8x7B-2layer": ("bench_8x7B_2layer", dict(d=4096, f=14336, L=2, H=32, KVH=8, E=8, k=2, V=128256)),
+}
+
+
+def flops_per_token(s, S):
+    """6 * N_active + 6 * L * d * S, as in hf_baseline.py (causal attention counted as half)."""
+    d, f, L, V, H, KVH = s["d"], s["f"], s["L"], s["V"], s["H"], s["KVH"]
+    hd = d // H
+    attn = d * H * hd + 2 * d * KVH * hd + H * hd * d
+    moe = s["k"] * 3 * d * f + d * s["E"]
+    return 6 * (L * (attn + moe) + d * V) + 6 * L * d * S
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("presets", nargs="+", choices=sorted(SHAPES))
+    ap.add_argument("--mxtrain", default="build/mxtrain")
+    ap.add_argument("--hf-baseline", default="../shared/bench/hf_baseline.py")
+    ap.add_argument("--out", default="/tmp/bench")
+    ap.add_argument("--seq", type=int, default=4096)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    rows = []
+    for preset in a.presets:
+        cfg, shape = SHAPES[preset]
+        run_dir = os.path.join(a.out, cfg)
+        log = os.path.join(a.out, cfg + ".log")
+        with open(log, "w") as f:
+            rc = subprocess.run([a.mxtrain, "--config-name", cfg, "backend=cuda", f"output_dir={run_dir}"],
+                                stdout=f, stderr=subprocess.STDOUT).returncode
+        ours = None
+        if rc == 0:
+            steps = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+            ours = statistics.median(s["tokens_per_s"] for s in steps[1:])  # the first step warms up
+        else:
+            sys.stderr.write(open(log).read()[-2000:])
+        hf = subprocess.run([sys.executable, a.hf_baseline, "--preset", preset, "--seq", str(a.seq), "--mbs", "1",
+                             "--acc", "8", "--steps", "4"], capture_output=True, text=True)
+        hf_line = [l for l in hf.stdout.splitlines() if l.startswith("{")]
+        theirs = json.loads(hf_line[-1])["tokens_per_s"] if hf_line else None
+        if not hf_line:
+            sys.stderr.write(hf.stderr[-2000:])
+        fpt = flops_per_token(shape, a.seq)
+        row = dict(preset=preset, mxtrain_tokens_per_s=ours, hf_tokens_per_s=theirs,
+                   mxtrain_tflops=ours and round(ours * fpt / 1e12, 1), hf_tflops=theirs and round(theirs * fpt / 1e12, 1),
+                   ratio=(ours / theirs) if ours and theirs else None, mxtrain_rc=rc)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        with open(os.path.join(a.out, "bench.jsonl"), "a") as f:
+            f.write(json.dumps(row) + "\n")
+    print("\n| preset | mxtrain tok/s | TFLOP/s | HF tok/s | TFLOP/s | ratio |\n|---|---|---|---|---|---|")
+    for r in rows:
+        fmt = lambda x, p=0: "-" if x is None else f"{x:,.{p}f}"
+        print(f"| {r['preset']} | {fmt(r['mxtrain_tokens_per_s'])} | {fmt(r['mxtrain_tflops'], 1)} | "
+              f"{fmt(r['hf_tokens_per_s'])} | {fmt(r['hf_tflops'], 1)} | {fmt(r['ratio'], 2)} |")
+
+
+if __name__ == "__main__":
+    main()
