@@ -1,5 +1,7 @@
 // Grouped expert GEMMs (CudaOps::grouped_gemm, grouped_gemm_dgrad, grouped_gemm_wgrad) on tensor cores through
-// nvcuda::wmma (bf16 16x16x16, fp32 accumulate), one kernel launch per call.
+// nvcuda::wmma (bf16 16x16x16, fp32 accumulate), one kernel launch per call. On Hopper each call first tries
+// the TMA + wgmma kernels of grouped_gemm_sm90.cu (sm90_grouped_gemm.cuh says when they apply and how
+// MXTRAIN_GROUPED_GEMM=wmma forces these); the kernels here are the fallback and the reference.
 //
 // Rows of x / dy are grouped by expert through offsets [E+1] I32, which live on the device and are never read
 // on the host: every block derives its work from them.
@@ -29,6 +31,7 @@
 #include "cuda_common.cuh"
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
+#include "sm90_grouped_gemm.cuh"
 
 namespace mxt {
 
@@ -310,6 +313,8 @@ void CudaOps::grouped_gemm(const Tensor& x, const Tensor& W, const Tensor& offse
   const bf16* wp = cuda::bf16p(W, op, "W");
   bf16* yp = cuda::bf16p(y, op, "y");
   const int32_t* off = cuda::i32(offsets, op, "offsets");
+  if (sm90::try_grouped_fwd(xp, wp, off, g.E, R, g.out, g.in, yp, ctx())) return;  // Hopper TMA + wgmma
+  sm90::note_grouped_impl("wmma");
   launch_rows<true>(op, xp, wp, off, g.E, R, g.out, g.in, yp, ctx().stream);
 }
 
@@ -324,6 +329,8 @@ void CudaOps::grouped_gemm_dgrad(const Tensor& dy, const Tensor& W, const Tensor
   const bf16* wp = cuda::bf16p(W, op, "W");
   bf16* dxp = cuda::bf16p(dx, op, "dx");
   const int32_t* off = cuda::i32(offsets, op, "offsets");
+  if (sm90::try_grouped_dgrad(gp, wp, off, g.E, R, g.out, g.in, dxp, ctx())) return;
+  sm90::note_grouped_impl("wmma");
   launch_rows<false>(op, gp, wp, off, g.E, R, g.in, g.out, dxp, ctx().stream);
 }
 
@@ -339,6 +346,8 @@ void CudaOps::grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor
   float* dwp = cuda::f32(dW, op, "dW");
   const int32_t* off = cuda::i32(offsets, op, "offsets");
   if (R == 0 || g.E == 0 || g.out == 0 || g.in == 0) return;
+  if (sm90::try_grouped_wgrad(gp, xp, off, g.E, R, g.out, g.in, dwp, ctx())) return;
+  sm90::note_grouped_impl("wmma");
   const int64_t n_tiles = (g.in + BN - 1) / BN, m_tiles = (g.out + BM - 1) / BM;
   if (n_tiles > INT32_MAX || m_tiles > 65535 || g.E > 65535)
     cuda::fail(op, "grid too large: " + std::to_string(n_tiles) + " x " + std::to_string(m_tiles) + " x " +

@@ -53,11 +53,26 @@ if [[ $NGPU -eq 0 ]]; then
   user_value parallelism.ep_size >/dev/null || EXTRA+=("parallelism.ep_size=1")
   user_value backend >/dev/null || EXTRA+=("backend=cpu")
   CMD=("$BIN" --config-name "$CONFIG_NAME" "${EXTRA[@]}" "${ARGS[@]}")
-else
-  # One rank until the distributed backend lands (then: mpirun -np $NGPU with L0_sanity's EP=2).
-  echo "train.sh: $NGPU GPU(s): one rank"
+elif [[ $NGPU -eq 1 ]]; then
+  echo "train.sh: 1 GPU: one rank"
   user_value parallelism.ep_size >/dev/null || EXTRA+=("parallelism.ep_size=1")
+  user_value parallelism.dp_size >/dev/null || EXTRA+=("parallelism.dp_size=1")
   CMD=("$BIN" --config-name "$CONFIG_NAME" "${EXTRA[@]}" "${ARGS[@]}")
+else
+  # One rank per GPU. The config's EP size stays (L0_sanity: 2) unless it does not divide the GPU count
+  # (then EP over all GPUs); the DP size fills the rest: dp_size x ep_size = NGPU.
+  if ! EP=$(user_value parallelism.ep_size); then
+    EP=$("$BIN" --config-name "$CONFIG_NAME" "${ARGS[@]}" --cfg job 2>/dev/null |
+         awk '/^parallelism:/ {p = 1; next} p && /^[^ ]/ {p = 0} p && $1 == "ep_size:" {print $2}')
+    [[ "$EP" =~ ^[0-9]+$ && "$EP" -ge 1 && $((NGPU % EP)) -eq 0 ]] || EP=$NGPU
+    EXTRA+=("parallelism.ep_size=$EP")
+  fi
+  [[ "$EP" =~ ^[0-9]+$ && "$EP" -ge 1 ]] || EP=$NGPU  # a bad user value: mxtrain names it
+  user_value parallelism.dp_size >/dev/null || EXTRA+=("parallelism.dp_size=$((NGPU / EP))")
+  echo "train.sh: $NGPU GPUs: mpirun -np $NGPU (ep_size $EP, dp_size $((NGPU / EP)) unless set)"
+  MPIRUN=(mpirun -np "$NGPU" -x NCCL_NVLS_ENABLE)
+  [[ $(id -u) -eq 0 ]] && MPIRUN+=(--allow-run-as-root)
+  CMD=("${MPIRUN[@]}" "$BIN" --config-name "$CONFIG_NAME" "${EXTRA[@]}" "${ARGS[@]}")
 fi
 
 echo "+ ${CMD[*]}"

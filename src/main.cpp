@@ -8,8 +8,10 @@
 
 #include "mxtrain/backend.hpp"
 #include "mxtrain/cli.hpp"
+#include "mxtrain/comm.hpp"
 #include "mxtrain/config.hpp"
 #include "mxtrain/data.hpp"
+#include "mxtrain/device_info.hpp"
 #include "mxtrain/trainer.hpp"
 
 namespace {
@@ -23,29 +25,46 @@ namespace {
 }
 
 int run(const mxt::CliOptions& opt, int rank, int world) {
+  if (opt.preprocess) {  // `mxtrain preprocess ...`: FASTA/FASTQ -> indexed dataset, no training
+    if (world > 1) throw mxt::ConfigError("mxtrain preprocess runs as one process; run it without mpirun");
+    mxt::run_preprocess(opt.preprocess_options);
+    return 0;
+  }
   const YAML::Node resolved = mxt::resolve_config(opt.load);
   if (opt.print_config) {
     if (rank == 0) std::fputs(mxt::dump_config(resolved).c_str(), stdout);
     return 0;
   }
-  const mxt::TrainConfig cfg = mxt::to_train_config(resolved);
+  mxt::TrainConfig cfg = mxt::to_train_config(resolved);
+  cfg.resolved_yaml = mxt::dump_config(resolved);  // saved in checkpoints
+  // One GPU per rank on a node: the rank's index among the node's ranks (collective, so before any branch);
+  // a rank that sees a single GPU was bound to it by the launcher (srun --gpus-per-task, CUDA_VISIBLE_DEVICES).
+  const mxt::NodeRank node = mxt::node_local_rank();
+  const int device = mxt::cuda_device_count() == 1 ? 0 : node.local_rank;
   std::string why;
-  auto ops = mxt::make_backend(cfg.backend, why);
+  auto ops = mxt::make_backend(cfg.backend, why, device);
   if (opt.dry_run) {
     if (rank == 0) std::fputs(mxt::format_memory_plan(cfg, mxt::plan_memory(cfg, *ops)).c_str(), stdout);
     return 0;
   }
   mxt::validate_for_run(cfg, world);
-  if (world > 1)
-    throw mxt::ConfigError("multi-rank training (world size " + std::to_string(world) +
-                           ") is not implemented yet; run one process with parallelism.ep_size=1");
+  if (!opt.dump_dir.empty() && world > 1)
+    throw mxt::ConfigError("--dump runs on one rank; run it without mpirun and with parallelism.ep_size=1");
   if (rank == 0) {
     spdlog::info("mxtrain {} | config {} | {}", MXTRAIN_VERSION, opt.load.config_name, why);
+    if (world > 1)
+      spdlog::info("{} ranks: dp_size {} x ep_size {} (EP groups = consecutive ranks), collectives on {}, "
+                   "timeout {} s", world, cfg.parallelism.dp_size, cfg.parallelism.ep_size,
+                   ops->device() == mxt::Device::CUDA ? "NCCL" : "MPI", cfg.parallelism.timeout_s);
     std::fputs(mxt::format_memory_plan(cfg, mxt::plan_memory(cfg, *ops)).c_str(), stdout);
   }
-  std::vector<int32_t> tokens = mxt::load_tokens(cfg.dataset, cfg.model.vocab_size);
-  if (rank == 0) spdlog::info("dataset: {} tokens from {}", tokens.size(), cfg.dataset.source);
-  mxt::Trainer trainer(cfg, *ops, std::move(tokens), rank, world);
+  mxt::Corpus tokens = mxt::open_corpus(cfg.dataset, cfg.model.vocab_size);
+  if (rank == 0)
+    spdlog::info("dataset ({}{}): {} tokens in {} documents\n{}", cfg.dataset.source,
+                 cfg.dataset.sequence_packing ? ", packed" : "", tokens.num_tokens(), tokens.num_docs(),
+                 tokens.describe());
+  auto groups = mxt::make_process_groups(cfg.parallelism, *ops);
+  mxt::Trainer trainer(cfg, *ops, std::move(tokens), groups);
   if (!opt.dump_dir.empty()) {
     trainer.dump_first_batch(opt.dump_dir);
     spdlog::info("first batch dumped to {}", opt.dump_dir);
@@ -58,7 +77,9 @@ int run(const mxt::CliOptions& opt, int rank, int world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // The collective watchdog may call MPI_Abort from its own thread while this one is inside MPI.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);

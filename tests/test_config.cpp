@@ -344,12 +344,24 @@ TEST(ConfigChecks, BadValuesNameKeyAndValue) {
       {{"dataset.stride=128"}, "dataset.stride (128) must be >= 0 and smaller than dataset.max_seq_length (128)"},
       {{"dataset.stride=-1"}, "dataset.stride (-1) must be >= 0"},
       {{"dataset.micro_batch_size=0"}, "dataset.micro_batch_size must be positive, got 0"},
-      {{"dataset.source=hdf5"}, "dataset.source must be one of embedded, fasta, tokens; got 'hdf5'"},
+      {{"dataset.source=hdf5"}, "dataset.source must be one of embedded, fasta, fastq, mmidx, tokens, auto; got 'hdf5'"},
       {{"dataset.source=fasta"}, "dataset.paths must list at least one file when dataset.source is 'fasta'"},
       {{"dataset.paths=[a.fa]"}, "dataset.paths lists 1 file(s) but dataset.source is 'embedded'"},
       {{"dataset.token_dtype=int8"}, "dataset.token_dtype must be one of uint16, uint32; got 'int8'"},
       {{"dataset.eos_token_id=128256"},
        "dataset.eos_token_id (128256) must be in [0, config_kwargs.vocab_size (128256))"},
+      {{"dataset.bos_token_id=-2"}, "dataset.bos_token_id (-2) must be in [0, config_kwargs.vocab_size (128256)) or -1"},
+      {{"dataset.source=fasta", "dataset.paths=[a.fa,b.fa]", "dataset.weights=[1]"},
+       "dataset.weights lists 1 weight(s) for 2 path(s)"},
+      {{"dataset.source=fasta", "dataset.paths=[a.fa]", "dataset.weights=[0]"},
+       "dataset.weights[0] must be a positive number, got 0"},
+      {{"dataset.tokenizer=rna"}, "dataset.tokenizer must be one of byte, nucleotide, protein; got 'rna'"},
+      {{"dataset.reverse_complement_prob=0.5"}, "dataset.reverse_complement_prob=0.5 needs dataset.tokenizer=nucleotide"},
+      {{"dataset.reverse_complement_prob=2", "dataset.tokenizer=nucleotide"},
+       "dataset.reverse_complement_prob must be in [0, 1], got 2"},
+      {{"use_sequence_packing=true", "dataset.split_samples_in_token_packing=false", "dataset.pad_token_id=-1"},
+       "set dataset.pad_token_id"},
+      {{"dataset.prefetch=-1"}, "dataset.prefetch must be >= 0, got -1"},
       {{"adamw_kwargs.lr=-1e-3"}, "adamw_kwargs.lr must be >= 0, got -0.001"},
       {{"adamw_kwargs.betas=[0.9,1.0]"}, "adamw_kwargs.betas[1] must be in [0, 1), got 1"},
       {{"adamw_kwargs.betas=[-0.1,0.9]"}, "adamw_kwargs.betas[0] must be in [0, 1), got -0.1"},
@@ -414,6 +426,27 @@ TEST(ConfigRun, DataFilesMustExistAndBeFiles) {
               HasSubstr("dataset.paths: file not found: " + missing));
   EXPECT_THAT(error_of([&] { validate_for_run(with_paths(dir.str()), 2); }),
               HasSubstr("dataset.paths: not a regular file: " + dir.str()));
+}
+
+TEST(ConfigRun, DataPipelineKeysAndIndexedDatasetPrefixes) {
+  TempDir dir;
+  dir.write("d.idx", "x");
+  const TrainConfig c = typed("L0_sanity", {"dataset.source=mmidx", "dataset.paths=[" + dir.str() + "/d, x*.fa]",
+                                            "dataset.weights=[3, 1.5]", "dataset.tokenizer=nucleotide",
+                                            "dataset.reverse_complement_prob=0.5", "use_sequence_packing=true",
+                                            "dataset.bos_token_id=2", "dataset.skip_bad_records=true"});
+  EXPECT_EQ(c.dataset.weights, (std::vector<double>{3, 1.5}));
+  EXPECT_EQ(c.dataset.tokenizer, "nucleotide");
+  EXPECT_DOUBLE_EQ(c.dataset.reverse_complement_prob, 0.5);
+  EXPECT_TRUE(c.dataset.sequence_packing);
+  EXPECT_TRUE(c.dataset.split_samples_in_token_packing);
+  EXPECT_EQ(c.dataset.bos_token_id, 2);
+  EXPECT_TRUE(c.dataset.skip_bad_records);
+  // A prefix needs both files; a glob is checked when it is expanded, not here.
+  EXPECT_THAT(error_of([&] { validate_for_run(c, 2); }),
+              HasSubstr("dataset.paths: indexed dataset " + dir.str() + "/d: file not found: " + dir.str() + "/d.bin"));
+  dir.write("d.bin", "");
+  EXPECT_NO_THROW(validate_for_run(c, 2));
 }
 
 TEST(ConfigRun, UnreadableDataFile) {

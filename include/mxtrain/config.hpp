@@ -39,11 +39,22 @@ struct DatasetConfig {
   int64_t micro_batch_size = 1;
   int64_t max_seq_length = 128;
   int64_t stride = 0;            // tokens shared by consecutive windows (HF tokenizer "stride")
-  std::string source = "embedded";  // embedded | fasta | tokens
-  std::vector<std::string> paths;   // data files for fasta / tokens
+  std::string source = "embedded";  // embedded | fasta | fastq | mmidx | tokens | auto (by file name)
+  std::vector<std::string> paths;   // files, globs or indexed-dataset prefixes
+  std::vector<double> weights;      // one blend weight per path; empty: all paths read as one stream
   std::string token_dtype = "uint16";  // flat token files: uint16 | uint32
   bool shuffle = true;
-  int64_t eos_token_id = 0;  // appended after each FASTA record
+  std::string tokenizer = "byte";   // FASTA/FASTQ: byte | nucleotide | protein
+  bool uppercase = true;            // byte / nucleotide: upper-case residues
+  double reverse_complement_prob = 0.0;  // nucleotide: chance a unit is read reverse-complemented
+  int64_t bos_token_id = -1;  // before each FASTA/FASTQ record; -1: none
+  int64_t eos_token_id = 0;   // after each FASTA/FASTQ record; -1: none
+  int64_t sep_token_id = -1;  // between records of the unpacked stream; -1: none
+  int64_t pad_token_id = 1;   // input id of padding (packed rows whose documents are not split)
+  bool split_samples_in_token_packing = true;  // packing: split a document at a row end (else pad the row)
+  bool skip_bad_records = false;  // skip (count, log) malformed records instead of failing
+  int64_t prefetch = 4;       // micro-batches the background reader prepares ahead; 0: none
+  bool sequence_packing = false;  // the recipe's top-level use_sequence_packing
 };
 
 struct AdamWConfig {
@@ -57,6 +68,8 @@ struct LRSchedulerConfig {
 
 struct ParallelismConfig {
   int64_t dp_size = 1, ep_size = 1;
+  double timeout_s = 600;           // a collective not done after this long aborts the job (<= 0: never)
+  double ep_capacity_factor = 0.0;  // expert receive buffers in rows, x T*k; 0: the worst case (never overflows)
 };
 
 struct Fp8Config {
@@ -96,6 +109,7 @@ struct TrainConfig {
   std::string backend = "auto";  // auto | cpu | cuda
   std::string output_dir = "outputs";
   std::string init_from_pretrained;  // HF safetensors directory; empty: random init
+  std::string resolved_yaml;         // the resolved config as YAML (set by main; saved in checkpoints)
 };
 
 struct LoadOptions {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "mxtrain/arena.hpp"
+#include "mxtrain/comm.hpp"
 #include "mxtrain/config.hpp"
 #include "mxtrain/ops.hpp"
 #include "mxtrain/params.hpp"
@@ -13,6 +14,7 @@
 namespace mxt {
 
 // What one layer's forward keeps for its backward.                      (T tokens, R = T*k routed rows)
+// C: rows this rank's experts can receive (R without expert parallelism; ep_capacity_rows with it).
 struct LayerActs {
   Tensor x_in;                  // (T, d) residual stream entering the layer
   Tensor ln1, rstd1;            // (T, d), (T)
@@ -24,7 +26,11 @@ struct LayerActs {
   Tensor moe_in;                // (T, d) = ln2 * noise (aliases ln2 without jitter)
   Tensor probs, topk_idx, topk_w;  // (T, E), (T, k), (T, k)
   Tensor offsets, perm;         // (E+1), (R)
-  Tensor xp, wp, h13, act;      // (R, d), (R), (R, 2f), (R, f)
+  Tensor xp, wp;                // (R, d), (R): permuted rows and routing weights (this rank's tokens)
+  Tensor xe, we;                // (C, d), (C): the rows this rank's experts run, expert-major (EP: received;
+                                //   else aliases of xp, wp)
+  Tensor ep_meta;               // (El+1+C) I32, EP only: local expert offsets, then the reorder (EpSplits::meta)
+  Tensor h13, act;              // (C, 2f), (C, f)
 };
 
 // Backward scratch, reused by every layer (layers run backward one at a time).
@@ -37,19 +43,25 @@ struct Scratch {
   Tensor noise_f32;             // (T, d) jitter factors as drawn on the host
   Tensor dprobs_aux;            // (T, E)
   Tensor dtopk_w;               // (T*k)
-  Tensor yp, dyp, dact, dh13, dxp, dwp;  // (R, d), (R, d), (R, f), (R, 2f), (R, d), (R)
+  Tensor yp, dyp, dact, dh13, dxp, dwp;  // (R, d), (R, d), (C, f), (C, 2f), (R, d), (R)
+  Tensor xp_send, wp_send;       // (R, d), (R) EP only: every layer's xp / wp (not kept for the backward)
+  Tensor ep_rows, ep_w;         // (C, d), (C) EP only: rows / weights in the all-to-all's peer-major order
+  Tensor dye, dxe, dwe;         // (C, d), (C, d), (C) EP only (else aliases of dyp, dxp, dwp)
   Tensor aux_prob_sum, aux_count, aux_coef;  // (E)
 };
 
 struct MicroBatch {  // device tensors
   Tensor ids, labels, pos;  // (T) I32
+  Tensor doc_ids;           // (T) I32 with sequence packing: attention stays inside each document; else empty
 };
 
 class MixtralModel {
  public:
   // allocate=false only plans the activation arena (for --dry-run): no memory, no forward.
+  // ep: the expert-parallel group (layout must hold experts [ep.rank * E/ep.size, ...)); its comms may be
+  // null when allocate=false.
   MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch, int64_t seq, const ParamLayout& layout,
-               bool allocate = true);
+               bool allocate = true, const ExpertParallel& ep = {});
 
   // Point the model at its weights and gradient buffers (flat, laid out by the ParamLayout).
   void bind(const Tensor& dense_w, const Tensor& expert_w, const Tensor& dense_g, const Tensor& expert_g);
@@ -69,11 +81,19 @@ class MixtralModel {
   void attention_backward(int l);  // scratch.dx: in = grad wrt x_mid, out = grad wrt x_in
   void moe_forward(int l, bool training, uint64_t jitter_seed);
   void moe_backward(int l);        // scratch.dx: in = grad wrt layer output, out = grad wrt x_mid
+  // Expert parallelism (moe_dispatch.cpp): rows to / from the ranks that own the experts.
+  int64_t moe_dispatch(int l);     // xp, wp -> xe, we; returns the rows received
+  void moe_combine(int l, const Tensor& ye);            // expert outputs (n rows) -> s_.yp
+  void moe_dispatch_grad(int l);   // s_.dyp -> s_.dye
+  void moe_combine_grad(int l);    // s_.dxe, s_.dwe -> s_.dxp, s_.dwp
   double aux_loss_forward();       // after all layers: aux loss and per-expert gradient coefficients
 
   ModelConfig cfg_;
   Ops& ops_;
   int64_t B_, S_, T_, R_, E_, k_, d_, f_;
+  ExpertParallel ep_;
+  int64_t El_ = 0, C_ = 0;         // local experts, expert-side rows (capacity)
+  std::vector<EpSplits> ep_splits_;  // per layer, host: the last forward's splits, reused by the backward
   AttnShape ashape_;
   ParamLayout layout_;
   ModelTensors w_, g_;

@@ -19,6 +19,7 @@ namespace mxt {
 
 struct AttnShape {
   int64_t batch = 0, seq = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  Tensor doc_ids;  // (T) I32 document of each token for packed rows; empty: plain causal
 };
 
 struct AdamWStep {

@@ -31,8 +31,11 @@ struct ParamLayout {
 
 // One role's flat buffers: F32 master, gradient and AdamW moments, and the working copy the forward reads
 // in the backend's activation dtype (on the CPU backend the working copy is the master itself).
+// ZeRO-1 (Trainer, multi-rank): master and grad are padded to a multiple of the replica count, and
+// adam_m / adam_v hold only elements [shard_offset, shard_offset + adam_m.numel()) of them.
 struct FlatParams {
   Tensor master, grad, adam_m, adam_v, working;
+  int64_t shard_offset = 0;
 };
 
 // Typed views of one set of flat buffers (the weights, or their gradients).

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mxtrain/arena.hpp"
+#include "mxtrain/comm.hpp"
 #include "mxtrain/config.hpp"
 #include "mxtrain/data.hpp"
 #include "mxtrain/model.hpp"
@@ -15,6 +16,9 @@
 
 namespace mxt {
 
+class Checkpointer;
+struct TrainState;
+
 struct StepResult {
   double loss = 0;       // mean cross-entropy (+ coef * aux) over the step's micro-batches
   double aux_loss = 0;   // mean load-balancing loss (0 when off)
@@ -22,9 +26,16 @@ struct StepResult {
   double lr = 0;
 };
 
+// Distributed (groups of more than one rank, see comm.hpp for the layout): every rank reads its own
+// micro-batches; the step equals one rank training on all ranks' micro-batches (acc x world of them, loss =
+// mean of the micro-batch token means): dense gradients are summed over the world, expert gradients over the
+// DP group, each reduce-scattered (ZeRO-1: AdamW moments only for this rank's shard, then an all-gather of
+// the updated master weights); the clipping norm sums the disjoint shards over the world.
 class Trainer {
  public:
-  Trainer(const TrainConfig& cfg, Ops& ops, std::vector<int32_t> tokens, int rank = 0, int world = 1);
+  // groups: null = one process.
+  Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens,
+          std::shared_ptr<ProcessGroups> groups = nullptr);
   StepResult train_step();  // one optimizer step
   // Runs until num_train_steps, logging every logger.frequency steps; returns the per-step losses.
   std::vector<double> run();
@@ -41,6 +52,12 @@ class Trainer {
   const ParamLayout& layout() const { return layout_; }
   FlatParams& dense() { return dense_; }
   FlatParams& expert() { return expert_; }
+  const ProcessGroups& groups() const { return *groups_; }
+  const ParamShard& dense_shard() const { return dense_shard_; }
+  const ParamShard& expert_shard() const { return expert_shard_; }
+  ~Trainer();
+  // What a checkpoint saves and restores (checkpoint.hpp); checkpoint.ckpt_dir drives saving and resuming.
+  TrainState ckpt_state();
 
  private:
   void refresh_working_weights();  // master -> working copy after the optimizer step
@@ -49,10 +66,12 @@ class Trainer {
 
   TrainConfig cfg_;
   Ops& ops_;
-  int rank_, world_;
+  std::shared_ptr<ProcessGroups> groups_;
+  int rank_, world_;  // world rank and size (the loader's sharding)
   ParamLayout layout_;
   Arena state_;  // parameters, optimizer state, batch inputs, scalars
   FlatParams dense_, expert_;
+  ParamShard dense_shard_, expert_shard_;  // ZeRO-1 over the world (dense) and the DP group (experts)
   MicroBatch mb_;
   Tensor loss_slots_, norm_acc_;
   std::unique_ptr<MixtralModel> model_;
@@ -60,6 +79,7 @@ class Trainer {
   Batch batch_;
   int64_t n_valid_ = 0;  // labelled tokens in the current micro-batch
   int64_t step_ = 0;
+  std::unique_ptr<Checkpointer> ckpt_;  // null without checkpoint.ckpt_dir; last: joins its save thread first
 };
 
 // Bytes per rank that the config will use: parameters + optimizer state, and the activation arena.

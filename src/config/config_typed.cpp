@@ -2,9 +2,11 @@
 // divisibility, ranges, supported choices. validate_for_run adds those that need one: world size, files.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <utility>
 
 #include "config/config_internal.hpp"
 
@@ -137,9 +139,20 @@ void read_dataset(const Reader& r, DatasetConfig& d) {
   d.stride = r.i("dataset.stride");
   d.source = r.s("dataset.source");
   d.paths = r.strings("dataset.paths");
+  d.weights = r.floats("dataset.weights");
   d.token_dtype = r.s("dataset.token_dtype");
   d.shuffle = r.b("dataset.shuffle");
+  d.tokenizer = r.s("dataset.tokenizer");
+  d.uppercase = r.b("dataset.uppercase");
+  d.reverse_complement_prob = r.f("dataset.reverse_complement_prob");
+  d.bos_token_id = r.i("dataset.bos_token_id");
   d.eos_token_id = r.i("dataset.eos_token_id");
+  d.sep_token_id = r.i("dataset.sep_token_id");
+  d.pad_token_id = r.i("dataset.pad_token_id");
+  d.split_samples_in_token_packing = r.b("dataset.split_samples_in_token_packing");
+  d.skip_bad_records = r.b("dataset.skip_bad_records");
+  d.prefetch = r.i("dataset.prefetch");
+  d.sequence_packing = r.b("use_sequence_packing");
 }
 
 void check_dataset(const DatasetConfig& d, const ModelConfig& m) {
@@ -151,17 +164,37 @@ void check_dataset(const DatasetConfig& d, const ModelConfig& m) {
   require(d.stride >= 0 && d.stride < d.max_seq_length,
           fmt::format("dataset.stride ({}) must be >= 0 and smaller than dataset.max_seq_length ({})", d.stride,
                       d.max_seq_length));
-  require_one_of(d.source, {"embedded", "fasta", "tokens"}, "dataset.source");
+  require_one_of(d.source, {"embedded", "fasta", "fastq", "mmidx", "tokens", "auto"}, "dataset.source");
   if (d.source == "embedded")
     require(d.paths.empty(), fmt::format("dataset.paths lists {} file(s) but dataset.source is 'embedded', which "
                                          "reads none; set dataset.source=fasta or tokens", d.paths.size()));
   else
     require(!d.paths.empty(), fmt::format("dataset.paths must list at least one file when dataset.source is '{}'",
                                           d.source));
+  require(d.weights.empty() || d.weights.size() == d.paths.size(),
+          fmt::format("dataset.weights lists {} weight(s) for {} path(s) in dataset.paths; give one per path, or "
+                      "none to read the paths as one stream", d.weights.size(), d.paths.size()));
+  for (size_t i = 0; i < d.weights.size(); ++i)
+    require(d.weights[i] > 0 && std::isfinite(d.weights[i]),
+            fmt::format("dataset.weights[{}] must be a positive number, got {}", i, d.weights[i]));
   require_one_of(d.token_dtype, {"uint16", "uint32"}, "dataset.token_dtype");
-  require(d.eos_token_id >= 0 && d.eos_token_id < m.vocab_size,
-          fmt::format("dataset.eos_token_id ({}) must be in [0, config_kwargs.vocab_size ({}))", d.eos_token_id,
-                      m.vocab_size));
+  require_one_of(d.tokenizer, {"byte", "nucleotide", "protein"}, "dataset.tokenizer");
+  require(d.reverse_complement_prob >= 0 && d.reverse_complement_prob <= 1,
+          fmt::format("dataset.reverse_complement_prob must be in [0, 1], got {}", d.reverse_complement_prob));
+  require(d.reverse_complement_prob == 0 || d.tokenizer == "nucleotide",
+          fmt::format("dataset.reverse_complement_prob={} needs dataset.tokenizer=nucleotide (got '{}')",
+                      d.reverse_complement_prob, d.tokenizer));
+  for (const auto& [key, id] : {std::pair<const char*, int64_t>{"dataset.bos_token_id", d.bos_token_id},
+                                {"dataset.eos_token_id", d.eos_token_id},
+                                {"dataset.sep_token_id", d.sep_token_id},
+                                {"dataset.pad_token_id", d.pad_token_id}})
+    require(id == -1 || (id >= 0 && id < m.vocab_size),
+            fmt::format("{} ({}) must be in [0, config_kwargs.vocab_size ({})) or -1 (none)", key, id,
+                        m.vocab_size));
+  require(!d.sequence_packing || d.split_samples_in_token_packing || d.pad_token_id >= 0,
+          "use_sequence_packing=true with dataset.split_samples_in_token_packing=false pads rows: set "
+          "dataset.pad_token_id");
+  require(d.prefetch >= 0, fmt::format("dataset.prefetch must be >= 0, got {}", d.prefetch));
 }
 
 void read_optimizer(const Reader& r, TrainConfig& c) {
@@ -209,6 +242,8 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.init_from_pretrained = r.s("init_from_pretrained");
   c.parallelism.dp_size = r.i("parallelism.dp_size");
   c.parallelism.ep_size = r.i("parallelism.ep_size");
+  c.parallelism.timeout_s = r.f("parallelism.timeout_s");
+  c.parallelism.ep_capacity_factor = r.f("parallelism.ep_capacity_factor");
   c.fp8.enabled = r.b("fp8_config.enabled");
   c.fp8.fp8_recipe = r.s("fp8_config.fp8_recipe");
   c.fp8.fp8_format = r.s("fp8_config.fp8_format");
@@ -232,6 +267,7 @@ void check_rest(TrainConfig& c) {
   require(!c.output_dir.empty(), "output_dir must not be empty");
   require_positive(c.parallelism.dp_size, "parallelism.dp_size");
   require_positive(c.parallelism.ep_size, "parallelism.ep_size");
+  require_non_negative(c.parallelism.ep_capacity_factor, "parallelism.ep_capacity_factor");
   require(c.model.num_local_experts % c.parallelism.ep_size == 0,
           fmt::format("config_kwargs.num_local_experts ({}) must be divisible by parallelism.ep_size ({})",
                       c.model.num_local_experts, c.parallelism.ep_size));
@@ -277,6 +313,17 @@ void validate_for_run(const TrainConfig& c, int world_size) {
   }
   if (c.dataset.source != "embedded") {
     for (const auto& p : c.dataset.paths) {
+      // A glob or an indexed-dataset prefix names no single file: open_corpus checks what it expands to.
+      if (p.find_first_of("*?[") != std::string::npos) continue;
+      if (c.dataset.source == "mmidx" || (c.dataset.source == "auto" && fs::exists(p + ".idx"))) {
+        const bool has_ext = p.size() > 4 && (p.compare(p.size() - 4, 4, ".idx") == 0 ||
+                                              p.compare(p.size() - 4, 4, ".bin") == 0);
+        const std::string prefix = has_ext ? p.substr(0, p.size() - 4) : p;
+        for (const char* ext : {".idx", ".bin"})
+          require(fs::is_regular_file(prefix + ext),
+                  fmt::format("dataset.paths: indexed dataset {}: file not found: {}{}", p, prefix, ext));
+        continue;
+      }
       std::error_code ec;
       const auto st = fs::status(p, ec);
       require(fs::exists(st), fmt::format("dataset.paths: file not found: {}", p));

@@ -1,5 +1,7 @@
 // Causal GQA attention, straightforward per-(batch, head, query) loops. The forward keeps only the
 // log-sum-exp per query; the backward recomputes probabilities from it (the flash-attention recipe).
+// With AttnShape::doc_ids (packed rows), query i also needs doc[j] == doc[i] to see key j: documents packed
+// into one row never attend to each other (a block-diagonal causal mask, what varlen attention computes).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -34,6 +36,13 @@ Layout check_layout(const AttnShape& s, const Tensor& q, const Tensor& k, const 
   return {s.batch, s.seq, s.n_heads, s.n_kv_heads, s.head_dim, s.n_heads / s.n_kv_heads};
 }
 
+// The document id of every token, or null for plain causal attention.
+const int32_t* doc_ids(const AttnShape& s, const char* op) {
+  if (!s.doc_ids.data) return nullptr;
+  cpu::expect_numel(s.doc_ids, s.batch * s.seq, op, "doc_ids");
+  return cpu::i32(s.doc_ids, op, "doc_ids");
+}
+
 inline float dot(const float* a, const float* b, int64_t n) {
   float acc = 0.f;
   for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
@@ -51,6 +60,7 @@ void CpuOps::attention_forward(const AttnShape& s, const Tensor& q, const Tensor
   const float* vp = cpu::f32(v, op, "v");
   float* op_ = cpu::f32(out, op, "out");
   float* lp = cpu::f32(lse, op, "lse");
+  const int32_t* doc = doc_ids(s, op);
   const float scale = 1.0f / std::sqrt(static_cast<float>(L.D));
   std::vector<float> p(static_cast<size_t>(L.S));
   std::vector<double> acc(static_cast<size_t>(L.D));
@@ -59,18 +69,21 @@ void CpuOps::attention_forward(const AttnShape& s, const Tensor& q, const Tensor
       const int64_t g = h / L.group;
       for (int64_t i = 0; i < L.S; ++i) {
         const float* qi = qp + L.at(b, i, h, L.H);
+        auto visible = [&](int64_t j) { return !doc || doc[b * L.S + j] == doc[b * L.S + i]; };
         float m = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j <= i; ++j) {
+          if (!visible(j)) continue;
           p[j] = dot(qi, kp + L.at(b, j, g, L.KVH), L.D) * scale;
           m = std::max(m, p[j]);
         }
         double sum = 0.0;
         for (int64_t j = 0; j <= i; ++j) {
-          p[j] = std::exp(p[j] - m);
+          p[j] = visible(j) ? std::exp(p[j] - m) : 0.f;  // key i itself is always visible: m is finite
           sum += p[j];
         }
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t j = 0; j <= i; ++j) {
+          if (!visible(j)) continue;
           const float* vj = vp + L.at(b, j, g, L.KVH);
           for (int64_t d = 0; d < L.D; ++d) acc[d] += static_cast<double>(p[j]) * vj[d];
         }
@@ -101,6 +114,7 @@ void CpuOps::attention_backward(const AttnShape& s, const Tensor& dout, const Te
   float* dqp = cpu::f32(dq, op, "dq");
   float* dkp = cpu::f32(dk, op, "dk");
   float* dvp = cpu::f32(dv, op, "dv");
+  const int32_t* doc = doc_ids(s, op);
   std::memset(dkp, 0, dk.bytes());
   std::memset(dvp, 0, dv.bytes());
   const float scale = 1.0f / std::sqrt(static_cast<float>(L.D));
@@ -115,6 +129,7 @@ void CpuOps::attention_backward(const AttnShape& s, const Tensor& dout, const Te
         float* dqi = dqp + L.at(b, i, h, L.H);
         std::fill(dqi, dqi + L.D, 0.f);
         for (int64_t j = 0; j <= i; ++j) {
+          if (doc && doc[b * L.S + j] != doc[b * L.S + i]) continue;  // masked: p_ij = 0, no gradient
           const float* kj = kp + L.at(b, j, g, L.KVH);
           const float* vj = vp + L.at(b, j, g, L.KVH);
           const float pij = std::exp(dot(qi, kj, L.D) * scale - lse_i);

@@ -15,7 +15,9 @@ void MixtralModel::attention_forward(int l) {
   const int64_t hd = ashape_.head_dim;
   ops_.rope_forward(a.q.view({T_, ashape_.n_heads, hd}), mb_->pos, theta);
   ops_.rope_forward(a.k.view({T_, ashape_.n_kv_heads, hd}), mb_->pos, theta);
-  ops_.attention_forward(ashape_, a.q.view({T_, ashape_.n_heads, hd}), a.k.view({T_, ashape_.n_kv_heads, hd}),
+  AttnShape shape = ashape_;
+  shape.doc_ids = mb_->doc_ids;  // packed rows: no attention across documents
+  ops_.attention_forward(shape, a.q.view({T_, ashape_.n_heads, hd}), a.k.view({T_, ashape_.n_kv_heads, hd}),
                          a.v.view({T_, ashape_.n_kv_heads, hd}), a.attn.view({T_, ashape_.n_heads, hd}), a.lse);
   linear_forward(ops_, a.attn, w.wo, s_.tmp);
   ops_.add(a.x_in, s_.tmp, a.x_mid);
@@ -30,7 +32,9 @@ void MixtralModel::attention_backward(int l) {
   // s_.dx holds dL/dx_mid, which flows both into the residual (x_in) and the O projection.
   linear_dgrad(ops_, s_.dx, w.wo, s_.dattn, false);
   linear_wgrad(ops_, s_.dx, a.attn, g.wo);
-  ops_.attention_backward(ashape_, s_.dattn.view({T_, H, hd}), a.q.view({T_, H, hd}), a.k.view({T_, KVH, hd}),
+  AttnShape shape = ashape_;
+  shape.doc_ids = mb_->doc_ids;
+  ops_.attention_backward(shape, s_.dattn.view({T_, H, hd}), a.q.view({T_, H, hd}), a.k.view({T_, KVH, hd}),
                           a.v.view({T_, KVH, hd}), a.attn.view({T_, H, hd}), a.lse, s_.dq.view({T_, H, hd}),
                           s_.dk.view({T_, KVH, hd}), s_.dv.view({T_, KVH, hd}));
   ops_.rope_backward(s_.dq.view({T_, H, hd}), mb_->pos, theta);

@@ -1,4 +1,5 @@
 // Mixtral: embedding -> N x [attention block, MoE block] -> RMSNorm -> LM head + cross-entropy.
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -7,14 +8,29 @@
 namespace mxt {
 
 MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch, int64_t seq,
-                           const ParamLayout& layout, bool allocate)
-    : cfg_(cfg), ops_(ops), B_(micro_batch), S_(seq), layout_(layout) {
+                           const ParamLayout& layout, bool allocate, const ExpertParallel& ep)
+    : cfg_(cfg), ops_(ops), B_(micro_batch), S_(seq), ep_(ep), layout_(layout) {
   T_ = B_ * S_;
   k_ = cfg.num_experts_per_tok;
   E_ = cfg.num_local_experts;
   R_ = T_ * k_;
   d_ = cfg.hidden_size;
   f_ = cfg.intermediate_size;
+  // Expert parallelism: this rank runs experts [ep.rank * El, (ep.rank+1) * El) on up to C received rows.
+  if (ep_.size < 1 || E_ % ep_.size != 0 || ep_.rank < 0 || ep_.rank >= ep_.size)
+    throw std::invalid_argument("MixtralModel: EP rank " + std::to_string(ep_.rank) + " of " +
+                                std::to_string(ep_.size) + " for " + std::to_string(E_) + " experts");
+  El_ = E_ / ep_.size;
+  if (layout.num_local_experts != El_ || layout.first_expert != ep_.rank * El_)
+    throw std::invalid_argument("MixtralModel: the parameter layout holds experts [" +
+                                std::to_string(layout.first_expert) + ", +" + std::to_string(layout.num_local_experts) +
+                                ") but EP rank " + std::to_string(ep_.rank) + " runs [" +
+                                std::to_string(ep_.rank * El_) + ", +" + std::to_string(El_) + ")");
+  const bool ep_on = ep_.size > 1;
+  if (ep_on && allocate && (ep_.comm == nullptr || ep_.host == nullptr || ep_.comm->size() != ep_.size))
+    throw std::invalid_argument("MixtralModel: expert parallelism over " + std::to_string(ep_.size) +
+                                " ranks needs its EP communicators");
+  C_ = ep_on ? ep_capacity_rows(T_, k_, E_, ep_.size, ep_.capacity_factor) : R_;
   const int64_t hd = cfg.head_dim(), H = cfg.num_attention_heads, KVH = cfg.num_key_value_heads;
   ashape_ = {B_, S_, H, KVH, hd};
   aux_on_ = cfg.router_aux_loss_coef > 0;
@@ -45,10 +61,16 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
     arena_.add(a.topk_w, p + "topk_w", F, {T_, k_});
     arena_.add(a.offsets, p + "expert_offsets", I, {E_ + 1});
     arena_.add(a.perm, p + "perm", I, {R_});
-    arena_.add(a.xp, p + "expert_in", A, {R_, d_});
-    arena_.add(a.wp, p + "expert_weight", F, {R_});
-    arena_.add(a.h13, p + "expert_h13", A, {R_, 2 * f_});
-    arena_.add(a.act, p + "expert_act", A, {R_, f_});
+    if (ep_on) {  // xp / wp are only the dispatch's send buffers: one shared scratch (below)
+      arena_.add(a.xe, p + "expert_in", A, {C_, d_});
+      arena_.add(a.we, p + "expert_weight", F, {C_});
+      arena_.add(a.ep_meta, p + "ep_meta", I, {El_ + 1 + C_});
+    } else {
+      arena_.add(a.xp, p + "expert_in", A, {R_, d_});
+      arena_.add(a.wp, p + "expert_weight", F, {R_});
+    }
+    arena_.add(a.h13, p + "expert_h13", A, {C_, 2 * f_});
+    arena_.add(a.act, p + "expert_act", A, {C_, f_});
   }
   arena_.add(x_final_, "x_final", A, {T_, d_});
   arena_.add(ln_final_, "ln_final", A, {T_, d_});
@@ -68,10 +90,19 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   arena_.add(s_.dtopk_w, "scratch.dtopk_w", F, {R_});
   arena_.add(s_.yp, "scratch.expert_out", A, {R_, d_});
   arena_.add(s_.dyp, "scratch.dexpert_out", A, {R_, d_});
-  arena_.add(s_.dact, "scratch.dexpert_act", A, {R_, f_});
-  arena_.add(s_.dh13, "scratch.dexpert_h13", A, {R_, 2 * f_});
+  arena_.add(s_.dact, "scratch.dexpert_act", A, {C_, f_});
+  arena_.add(s_.dh13, "scratch.dexpert_h13", A, {C_, 2 * f_});
   arena_.add(s_.dxp, "scratch.dexpert_in", A, {R_, d_});
   arena_.add(s_.dwp, "scratch.dexpert_weight", F, {R_});
+  if (ep_on) {
+    arena_.add(s_.xp_send, "scratch.ep_send_rows", A, {R_, d_});
+    arena_.add(s_.wp_send, "scratch.ep_send_weights", F, {R_});
+    arena_.add(s_.ep_rows, "scratch.ep_rows", A, {C_, d_});
+    arena_.add(s_.ep_w, "scratch.ep_weights", F, {C_});
+    arena_.add(s_.dye, "scratch.dexpert_out_local", A, {C_, d_});
+    arena_.add(s_.dxe, "scratch.dexpert_in_local", A, {C_, d_});
+    arena_.add(s_.dwe, "scratch.dexpert_weight_local", F, {C_});
+  }
   if (aux_on_) {
     arena_.add(s_.dprobs_aux, "scratch.daux_probs", F, {T_, E_});
     arena_.add(s_.aux_prob_sum, "scratch.aux_prob_sum", F, {E_});
@@ -82,6 +113,22 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   arena_.finalize(ops_);
   if (!jitter)
     for (auto& a : acts_) a.moe_in = a.ln2;
+  // Without expert parallelism the experts run on the permuted rows themselves.
+  for (auto& a : acts_) {
+    if (ep_on) {
+      a.xp = s_.xp_send;
+      a.wp = s_.wp_send;
+    } else {
+      a.xe = a.xp;
+      a.we = a.wp;
+    }
+  }
+  if (!ep_on) {
+    s_.dye = s_.dyp;
+    s_.dxe = s_.dxp;
+    s_.dwe = s_.dwp;
+  }
+  ep_splits_.resize(acts_.size());
 }
 
 void MixtralModel::bind(const Tensor& dense_w, const Tensor& expert_w, const Tensor& dense_g,

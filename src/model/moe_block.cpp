@@ -1,5 +1,7 @@
-// RMSNorm -> route -> permute -> experts (grouped GEMM, SwiGLU x routing weight, grouped GEMM) -> unpermute
-// -> residual, and its backward in reverse stage order.
+// RMSNorm -> route -> permute -> [dispatch] -> experts (grouped GEMM, SwiGLU x routing weight, grouped GEMM)
+// -> [combine] -> unpermute -> residual, and its backward in reverse stage order. dispatch / combine (expert
+// parallelism only, moe_dispatch.cpp) move rows to and from the ranks that own their experts; the experts
+// then run on n received rows with this rank's local expert offsets.
 #include <vector>
 
 #include "linear.hpp"
@@ -33,10 +35,19 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   ops_.moe_plan(a.topk_idx, static_cast<int>(E_), a.offsets, a.perm);
   ops_.moe_permute(a.moe_in, a.perm, static_cast<int>(k_), a.xp);
   ops_.moe_permute_weights(a.topk_w.view({R_}), a.perm, a.wp);
-  // experts
-  ops_.grouped_gemm(a.xp, w.w13, a.offsets, a.h13);
-  ops_.swiglu_forward(a.h13, a.wp, a.act);
-  ops_.grouped_gemm(a.act, w.w2, a.offsets, s_.yp);
+  // dispatch
+  const bool ep = ep_.size > 1;
+  const int64_t n = ep ? moe_dispatch(l) : R_;
+  const Tensor off = ep ? a.ep_meta.rows(0, El_ + 1) : a.offsets;
+  // experts (their output: straight into yp, or into dxe, free until the backward, for the combine)
+  const Tensor ye = ep ? s_.dxe.rows(0, n) : s_.yp;
+  if (n > 0) {
+    ops_.grouped_gemm(a.xe.rows(0, n), w.w13, off, a.h13.rows(0, n));
+    ops_.swiglu_forward(a.h13.rows(0, n), a.we.rows(0, n), a.act.rows(0, n));
+    ops_.grouped_gemm(a.act.rows(0, n), w.w2, off, ye);
+  }
+  // combine
+  if (ep) moe_combine(l, ye);
   // unpermute (the routing weights were already applied inside SwiGLU)
   ops_.moe_unpermute(s_.yp, a.perm, static_cast<int>(k_), s_.tmp);
   ops_.add(a.x_mid, s_.tmp, l + 1 < static_cast<int>(acts_.size()) ? acts_[l + 1].x_in : x_final_);
@@ -49,12 +60,22 @@ void MixtralModel::moe_backward(int l) {
   const int k = static_cast<int>(k_);
   // unpermute backward = permute of the output gradient
   ops_.moe_permute(s_.dx, a.perm, k, s_.dyp);
+  // combine backward = dispatch of the output gradient, with the forward's splits
+  const bool ep = ep_.size > 1;
+  if (ep) moe_dispatch_grad(l);
+  const int64_t n = ep ? ep_splits_[l].recv_rows : R_;
+  const Tensor off = ep ? a.ep_meta.rows(0, El_ + 1) : a.offsets;
   // experts backward
-  ops_.grouped_gemm_dgrad(s_.dyp, w.w2, a.offsets, s_.dact);
-  ops_.grouped_gemm_wgrad(s_.dyp, a.act, a.offsets, g.w2);
-  ops_.swiglu_backward(s_.dact, a.h13, a.wp, s_.dh13, s_.dwp);
-  ops_.grouped_gemm_dgrad(s_.dh13, w.w13, a.offsets, s_.dxp);
-  ops_.grouped_gemm_wgrad(s_.dh13, a.xp, a.offsets, g.w13);
+  if (n > 0) {
+    ops_.grouped_gemm_dgrad(s_.dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
+    ops_.grouped_gemm_wgrad(s_.dye.rows(0, n), a.act.rows(0, n), off, g.w2);
+    ops_.swiglu_backward(s_.dact.rows(0, n), a.h13.rows(0, n), a.we.rows(0, n), s_.dh13.rows(0, n),
+                         s_.dwe.rows(0, n));
+    ops_.grouped_gemm_dgrad(s_.dh13.rows(0, n), w.w13, off, s_.dxe.rows(0, n));
+    ops_.grouped_gemm_wgrad(s_.dh13.rows(0, n), a.xe.rows(0, n), off, g.w13);
+  }
+  // dispatch backward = combine of the input and routing-weight gradients
+  if (ep) moe_combine_grad(l);
   // permute backward
   ops_.moe_unpermute(s_.dxp, a.perm, k, s_.dtmp);
   ops_.moe_unpermute_weights(s_.dwp, a.perm, s_.dtopk_w);

@@ -8,13 +8,17 @@
 
 namespace mxt {
 
-std::unique_ptr<Ops> make_backend(const std::string& backend, std::string& why) {
+std::unique_ptr<Ops> make_backend(const std::string& backend, std::string& why, int device) {
   const int gpus = cuda_device_count();
 #ifdef MXTRAIN_HAVE_CUDA
   if (backend == "cuda" || (backend == "auto" && gpus > 0)) {
     if (gpus == 0) throw ConfigError("backend=cuda: no CUDA device is visible (" + cuda_device_summary() + ")");
-    why = "backend=" + backend + ": CUDA on " + cuda_device_summary();
-    return make_cuda_ops(0);
+    if (device < 0 || device >= gpus)
+      throw ConfigError("backend=" + backend + ": this rank needs GPU " + std::to_string(device) + " (one GPU per " +
+                        "local rank) but " + std::to_string(gpus) + " are visible; run at most " +
+                        std::to_string(gpus) + " ranks per node");
+    why = "backend=" + backend + ": CUDA device " + std::to_string(device) + " of " + cuda_device_summary();
+    return make_cuda_ops(device);
   }
 #else
   if (backend == "cuda")

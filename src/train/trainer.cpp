@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "mxtrain/checkpoint.hpp"
 #include "mxtrain/lr_schedule.hpp"
 #include "mxtrain/metrics.hpp"
 #include "mxtrain/safetensors.hpp"
@@ -18,29 +19,44 @@ namespace mxt {
 
 namespace {
 int64_t local_experts(const TrainConfig& c) { return c.model.num_local_experts / c.parallelism.ep_size; }
+
+std::shared_ptr<ProcessGroups> checked_groups(const TrainConfig& c, std::shared_ptr<ProcessGroups> g) {
+  if (!g) g = make_single_process_groups();
+  const RankLayout& L = g->layout;
+  if (c.parallelism.dp_size != L.dp_size || c.parallelism.ep_size != L.ep_size)
+    throw ConfigError("parallelism.dp_size=" + std::to_string(c.parallelism.dp_size) + " x parallelism.ep_size=" +
+                      std::to_string(c.parallelism.ep_size) + " does not match the process groups (dp " +
+                      std::to_string(L.dp_size) + " x ep " + std::to_string(L.ep_size) + ")");
+  return g;
+}
 }  // namespace
 
-Trainer::Trainer(const TrainConfig& cfg, Ops& ops, std::vector<int32_t> tokens, int rank, int world)
+Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_ptr<ProcessGroups> groups)
     : cfg_(cfg),
       ops_(ops),
-      rank_(rank),
-      world_(world),
-      layout_(ParamLayout::build(cfg.model, 0, cfg.model.num_local_experts)),
-      loader_(std::move(tokens), cfg.dataset, cfg.seed, rank, world) {
+      groups_(checked_groups(cfg, std::move(groups))),
+      rank_(groups_->layout.world_rank),
+      world_(groups_->layout.world_size),
+      layout_(ParamLayout::build(cfg.model, groups_->layout.ep_rank * local_experts(cfg), local_experts(cfg))),
+      loader_(std::move(tokens), cfg.dataset, cfg.seed, rank_, world_) {
   const int64_t T = cfg.dataset.micro_batch_size * cfg.dataset.max_seq_length;
   const DType F = DType::F32;
+  dense_shard_ = make_param_shard(groups_->world.get(), layout_.dense_numel);
+  expert_shard_ = make_param_shard(groups_->dp.get(), layout_.expert_numel);
   for (auto* fp : {&dense_, &expert_}) {
-    const int64_t n = fp == &dense_ ? layout_.dense_numel : layout_.expert_numel;
+    const ParamShard& sh = fp == &dense_ ? dense_shard_ : expert_shard_;
     const std::string p = fp == &dense_ ? "dense." : "expert.";
-    state_.add(fp->master, p + "master", F, {n});
-    state_.add(fp->grad, p + "grad", F, {n});
-    state_.add(fp->adam_m, p + "adam_m", F, {n});
-    state_.add(fp->adam_v, p + "adam_v", F, {n});
-    if (ops.act_dtype() != F) state_.add(fp->working, p + "working", ops.act_dtype(), {n});
+    state_.add(fp->master, p + "master", F, {sh.padded});
+    state_.add(fp->grad, p + "grad", F, {sh.padded});
+    state_.add(fp->adam_m, p + "adam_m", F, {sh.shard});
+    state_.add(fp->adam_v, p + "adam_v", F, {sh.shard});
+    fp->shard_offset = sh.offset;
+    if (ops.act_dtype() != F) state_.add(fp->working, p + "working", ops.act_dtype(), {sh.numel});
   }
   state_.add(mb_.ids, "batch.ids", DType::I32, {T});
   state_.add(mb_.labels, "batch.labels", DType::I32, {T});
   state_.add(mb_.pos, "batch.pos", DType::I32, {T});
+  if (cfg.dataset.sequence_packing) state_.add(mb_.doc_ids, "batch.doc_ids", DType::I32, {T});
   state_.add(loss_slots_, "loss_slots", F, {cfg.grad_acc_steps});
   state_.add(norm_acc_, "grad_norm_sq", F, {1});
   state_.finalize(ops_);
@@ -54,20 +70,34 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, std::vector<int32_t> tokens, 
     init_params_host(layout_, cfg.model, cfg.seed, dense, expert);
   } else {
     import_hf_weights(cfg.init_from_pretrained, layout_, cfg.model, dense, expert);
-    if (rank == 0) spdlog::info("weights from {}", cfg.init_from_pretrained);
+    if (rank_ == 0) spdlog::info("weights from {}", cfg.init_from_pretrained);
   }
   ops_.upload(dense_.master.data, dense.data(), dense.size() * sizeof(float));
   ops_.upload(expert_.master.data, expert.data(), expert.size() * sizeof(float));
   refresh_working_weights();
 
+  const ExpertParallel ep{groups_->ep.get(), groups_->ep_host.get(), groups_->layout.ep_rank,
+                          groups_->layout.ep_size, cfg.parallelism.ep_capacity_factor};
   model_ = std::make_unique<MixtralModel>(cfg.model, ops_, cfg.dataset.micro_batch_size,
-                                          cfg.dataset.max_seq_length, layout_);
+                                          cfg.dataset.max_seq_length, layout_, true, ep);
   model_->bind(dense_.working, expert_.working, dense_.grad, expert_.grad);
+  if (!cfg.checkpoint.ckpt_dir.empty())
+    ckpt_ = std::make_unique<Checkpointer>(cfg, world_ > 1 ? make_mpi_ckpt_comm() : nullptr);
+}
+
+Trainer::~Trainer() = default;
+
+TrainState Trainer::ckpt_state() {
+  TrainState s{ops_, layout_, dense_, expert_, step_, loader_, world_, groups_->layout.dp_rank,
+               groups_->layout.dp_size, {}, {}};
+  if (dense_shard_.comm) s.dense_moments = {dense_shard_.offset, dense_shard_.shard};  // ZeRO-1
+  if (expert_shard_.comm) s.expert_moments = {expert_shard_.offset, expert_shard_.shard};
+  return s;
 }
 
 void Trainer::refresh_working_weights() {
   for (FlatParams* fp : {&dense_, &expert_})
-    if (fp->working.data != fp->master.data) ops_.copy(fp->master, fp->working);
+    if (fp->working.data != fp->master.data) ops_.copy(fp->master.rows(0, fp->working.numel()), fp->working);
 }
 
 void Trainer::load_micro_batch(int64_t) {
@@ -76,6 +106,7 @@ void Trainer::load_micro_batch(int64_t) {
   ops_.upload(mb_.ids.data, batch_.input_ids.data(), bytes);
   ops_.upload(mb_.labels.data, batch_.labels.data(), bytes);
   ops_.upload(mb_.pos.data, batch_.positions.data(), bytes);
+  if (mb_.doc_ids.data) ops_.upload(mb_.doc_ids.data, batch_.doc_ids.data(), bytes);  // packed rows
   n_valid_ = std::count_if(batch_.labels.begin(), batch_.labels.end(), [](int32_t x) { return x >= 0; });
 }
 
@@ -86,29 +117,43 @@ StepResult Trainer::train_step() {
   ops_.zero(loss_slots_);
   std::vector<int64_t> n_valid(acc);
   double aux_sum = 0;
+  // The step is one rank's view of acc x world micro-batches: micro-batch i of rank r is number i*world + r.
+  const int64_t micro_total = acc * world_;
   for (int64_t i = 0; i < acc; ++i) {
     load_micro_batch(i);
     n_valid[i] = n_valid_;
-    // Each micro-batch's loss is a mean over its own tokens, and the step averages micro-batches (HF + recipe).
-    const float ce_scale = 1.f / static_cast<float>(std::max<int64_t>(1, n_valid[i]) * acc);
-    const uint64_t jitter_seed = cfg_.seed ^ (static_cast<uint64_t>(step_ * acc + i) * 0x9E3779B97F4A7C15ull);
-    aux_sum += model_->forward_backward(mb_, ce_scale, 1.f / static_cast<float>(acc), loss_slots_.rows(i, 1),
-                                        true, jitter_seed);
+    // Each micro-batch's loss is a mean over its own tokens, and the step averages all ranks' micro-batches
+    // (HF + recipe); the gradient reduction then sums over ranks.
+    const float ce_scale = 1.f / static_cast<float>(std::max<int64_t>(1, n_valid[i]) * micro_total);
+    const int64_t micro = (step_ * acc + i) * world_ + rank_;
+    const uint64_t jitter_seed = cfg_.seed ^ (static_cast<uint64_t>(micro) * 0x9E3779B97F4A7C15ull);
+    aux_sum += model_->forward_backward(mb_, ce_scale, 1.f / static_cast<float>(micro_total),
+                                        loss_slots_.rows(i, 1), true, jitter_seed);
   }
   StepResult r;
   std::vector<float> slots(acc);
   ops_.download(slots.data(), loss_slots_.data, acc * sizeof(float));
-  for (int64_t i = 0; i < acc; ++i) r.loss += slots[i] / std::max<int64_t>(1, n_valid[i]);
-  r.loss /= static_cast<double>(acc);
-  r.aux_loss = aux_sum / static_cast<double>(acc);
+  double sums[2] = {0, aux_sum};  // summed micro-batch means, aux losses: over all ranks
+  for (int64_t i = 0; i < acc; ++i) sums[0] += slots[i] / std::max<int64_t>(1, n_valid[i]);
+  groups_->world_host->all_reduce_sum(sums, 2, CommType::F64);
+  r.loss = sums[0] / static_cast<double>(micro_total);
+  r.aux_loss = sums[1] / static_cast<double>(micro_total);
   r.loss += cfg_.model.router_aux_loss_coef * r.aux_loss;
 
+  // Gradients: dense summed over the world, experts over their DP replicas; each rank keeps its shard.
+  reduce_scatter_grads(dense_shard_, dense_.grad);
+  reduce_scatter_grads(expert_shard_, expert_.grad);
+  const Tensor dense_g = dense_.grad.rows(dense_shard_.offset, dense_shard_.shard);
+  const Tensor expert_g = expert_.grad.rows(expert_shard_.offset, expert_shard_.shard);
+  // The shards are disjoint and together cover every dense element once and every expert once.
   ops_.zero(norm_acc_);
-  ops_.sum_squares(dense_.grad, norm_acc_);
-  ops_.sum_squares(expert_.grad, norm_acc_);
+  ops_.sum_squares(dense_g, norm_acc_);
+  ops_.sum_squares(expert_g, norm_acc_);
   float norm_sq = 0;
   ops_.download(&norm_sq, norm_acc_.data, sizeof(float));
-  r.grad_norm = std::sqrt(static_cast<double>(norm_sq));
+  double norm_sq_all = norm_sq;
+  groups_->world_host->all_reduce_sum(&norm_sq_all, 1, CommType::F64);
+  r.grad_norm = std::sqrt(norm_sq_all);
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
   const double clip = std::min(1.0, cfg_.max_grad_norm / (r.grad_norm + 1e-6));
   r.lr = lr_at_step(cfg_.adamw, cfg_.lr_scheduler, step_);
@@ -120,8 +165,12 @@ StepResult Trainer::train_step() {
   s.weight_decay = static_cast<float>(cfg_.adamw.weight_decay);
   s.step = step_ + 1;
   s.grad_scale = static_cast<float>(clip);
-  ops_.adamw_step(dense_.master, dense_.grad, dense_.adam_m, dense_.adam_v, s);
-  ops_.adamw_step(expert_.master, expert_.grad, expert_.adam_m, expert_.adam_v, s);
+  ops_.adamw_step(dense_.master.rows(dense_shard_.offset, dense_shard_.shard), dense_g, dense_.adam_m,
+                  dense_.adam_v, s);
+  ops_.adamw_step(expert_.master.rows(expert_shard_.offset, expert_shard_.shard), expert_g, expert_.adam_m,
+                  expert_.adam_v, s);
+  all_gather_params(dense_shard_, dense_.master);
+  all_gather_params(expert_shard_, expert_.master);
   refresh_working_weights();
   ++step_;
   return r;
@@ -129,6 +178,8 @@ StepResult Trainer::train_step() {
 
 std::vector<double> Trainer::run() {
   std::vector<double> losses;
+  const bool resumed = ckpt_ && ckpt_->resume(ckpt_state()) >= 0;
+  if (resumed) refresh_working_weights();
   const int64_t total = cfg_.num_train_steps;
   const int64_t tokens_per_step =
       cfg_.grad_acc_steps * cfg_.dataset.micro_batch_size * cfg_.dataset.max_seq_length * world_;
@@ -136,7 +187,8 @@ std::vector<double> Trainer::run() {
   if (rank_ == 0) {
     const std::string path =
         cfg_.logger.metrics_file.empty() ? cfg_.output_dir + "/metrics.jsonl" : cfg_.logger.metrics_file;
-    log = std::make_unique<MetricsLog>(path);
+    if (resumed) truncate_metrics_after(path, step_);  // then append: one line per step across restarts
+    log = std::make_unique<MetricsLog>(path, resumed);
     spdlog::info("training {} steps on {} | {} tokens per step | metrics -> {}", total, ops_.name(),
                  tokens_per_step, path);
   }
@@ -169,11 +221,13 @@ std::vector<double> Trainer::run() {
       t_last = now;
       step_last = step_;
     }
+    if (ckpt_) ckpt_->after_step(ckpt_state());
   }
-  if (rank_ == 0 && cfg_.checkpoint.save_final_model && !cfg_.checkpoint.ckpt_dir.empty()) {
+  if (ckpt_) ckpt_->finish();
+  if (cfg_.checkpoint.save_final_model && !cfg_.checkpoint.ckpt_dir.empty()) {
     const std::string dir = cfg_.checkpoint.ckpt_dir + "/final_model";
-    export_final_model(dir);
-    spdlog::info("final model (HF safetensors, {}) -> {}", cfg_.checkpoint.final_model_dtype, dir);
+    export_final_model(dir);  // collective under expert parallelism; rank 0 writes
+    if (rank_ == 0) spdlog::info("final model (HF safetensors, {}) -> {}", cfg_.checkpoint.final_model_dtype, dir);
   }
   return losses;
 }
@@ -195,14 +249,23 @@ void Trainer::master_weights(std::vector<float>& dense, std::vector<float>& expe
 }
 
 void Trainer::export_final_model(const std::string& dir) {
+  if (groups_->layout.dp_rank != 0) return;  // DP replicas hold the same weights as the first EP group
   std::vector<float> dense, expert;
   master_weights(dense, expert);
-  export_hf_weights(dir, layout_, cfg_.model, dense, expert,
+  ParamLayout layout = layout_;
+  if (groups_->layout.ep_size > 1) {  // each EP rank holds a slice of the experts: collect them on rank 0
+    std::vector<float> all;
+    gather_all_experts(layout_, cfg_.model, *groups_->ep_host, expert, layout, all);
+    expert.swap(all);
+  }
+  if (rank_ != 0) return;
+  export_hf_weights(dir, layout, cfg_.model, dense, expert,
                     cfg_.checkpoint.final_model_dtype == "bfloat16" ? DType::BF16 : DType::F32);
 }
 
 void Trainer::dump_first_batch(const std::string& dir) {
   namespace fs = std::filesystem;
+  if (world_ > 1) throw ConfigError("--dump runs on one rank (parallelism.ep_size=1, parallelism.dp_size=1)");
   fs::create_directories(dir);
   ops_.zero(dense_.grad);
   ops_.zero(expert_.grad);
@@ -245,10 +308,18 @@ MemoryPlan plan_memory(const TrainConfig& cfg, Ops& ops) {
   const ParamLayout layout = ParamLayout::build(cfg.model, 0, local_experts(cfg));
   p.dense_params = layout.dense_numel;
   p.expert_params = layout.expert_numel;
-  // fp32 master + gradient + two AdamW moments.
+  // fp32 master + gradient (padded to the replica count) + two AdamW moments of this rank's ZeRO-1 shard.
   const size_t working = ops.act_dtype() == DType::F32 ? 0 : dtype_size(ops.act_dtype());
-  p.param_bytes = static_cast<size_t>(layout.dense_numel + layout.expert_numel) * (4 * sizeof(float) + working);
-  MixtralModel planned(cfg.model, ops, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length, layout, false);
+  auto bytes = [&](int64_t n, int64_t replicas) {
+    const int64_t shard = (n + replicas - 1) / replicas;
+    return static_cast<size_t>(shard * replicas) * 2 * sizeof(float) + static_cast<size_t>(shard) * 2 * sizeof(float) +
+           static_cast<size_t>(n) * working;
+  };
+  const int64_t world = cfg.parallelism.dp_size * cfg.parallelism.ep_size;
+  p.param_bytes = bytes(layout.dense_numel, world) + bytes(layout.expert_numel, cfg.parallelism.dp_size);
+  const ExpertParallel ep{nullptr, nullptr, 0, static_cast<int>(cfg.parallelism.ep_size),
+                          cfg.parallelism.ep_capacity_factor};
+  MixtralModel planned(cfg.model, ops, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length, layout, false, ep);
   p.activation_bytes = planned.arena().total_bytes();
   std::vector<std::pair<std::string, size_t>> all;
   for (const auto& e : planned.arena().entries()) all.emplace_back(e.name, e.bytes);
@@ -263,12 +334,14 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
   std::string s = fmt::format(
       "memory plan per rank (ep_size {}, dp_size {}, micro-batch {} x seq {}):\n"
       "  parameters: {:.3f} B dense + {:.3f} B expert (this rank's {} of {} experts)\n"
-      "  fp32 master + grads + AdamW (+ working copy): {:.2f} GiB\n"
+      "  fp32 master + grads + AdamW (+ working copy): {:.2f} GiB (AdamW moments: ZeRO-1 shards over {} ranks "
+      "dense, {} expert)\n"
       "  activations (arena): {:.2f} GiB\n"
       "  total: {:.2f} GiB\n  largest activation buffers:\n",
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
       p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts,
-      gib(p.param_bytes), gib(p.activation_bytes), gib(p.param_bytes + p.activation_bytes));
+      gib(p.param_bytes), cfg.parallelism.dp_size * cfg.parallelism.ep_size, cfg.parallelism.dp_size,
+      gib(p.activation_bytes), gib(p.param_bytes + p.activation_bytes));
   for (const auto& [name, bytes] : p.largest) s += fmt::format("    {:<28} {:10.1f} MiB\n", name, bytes / 1048576.0);
   return s;
 }

@@ -10,10 +10,17 @@
 //    expect_grad_close.
 //  The backward is fed the CPU twin's own out (rounded to bf16) and lse, so it is tested on its own.
 // Determinism: the backward is run twice and must give bitwise-identical dq, dk, dv.
+// Document masks (AttnShape::doc_ids, packed rows): the same comparisons against the CPU twin given the same ids,
+// for short, long, tile-aligned and single-token documents. Head dims 64 and 128 run the flash kernels by
+// default; the *Reference* and *Variant1* tests run the same cases through MXTRAIN_ATTENTION=reference and
+// MXTRAIN_ATTENTION_VARIANT=1, so every kernel the dispatch can pick is checked.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -22,15 +29,63 @@
 namespace mxt::testing {
 namespace {
 
+// Document layouts of packed rows (AttnShape::doc_ids).
+enum class Docs { None, Short, Long, Mixed, TileAligned, SingleTokens };
+
 struct Case {
   int64_t B, S, H, KVH, D;
   float in_scale;  // std of q and k; larger makes the softmax peakier
+  Docs docs = Docs::None;
 };
 
 std::string name(const Case& c) {
   return "B" + std::to_string(c.B) + "_S" + std::to_string(c.S) + "_H" + std::to_string(c.H) + "_KVH" +
-         std::to_string(c.KVH) + "_D" + std::to_string(c.D);
+         std::to_string(c.KVH) + "_D" + std::to_string(c.D) +
+         (c.docs == Docs::None ? "" : "_docs" + std::to_string(static_cast<int>(c.docs)));
 }
+
+// Document ids of every token: contiguous runs per batch row, ids restarting differently in each row.
+// Short: 1-40 tokens; Long: 60-310; Mixed: some 1-5, most 30-230; TileAligned: lengths around the tile sizes
+// (32, 63, 64, 65, 127, 128, 129), so boundaries fall on and next to tile edges; SingleTokens: every token alone.
+std::vector<int32_t> make_docs(const Case& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> doc(static_cast<size_t>(c.B * c.S));
+  for (int64_t b = 0; b < c.B; ++b) {
+    int32_t id = static_cast<int32_t>(3 * b);
+    for (int64_t s = 0; s < c.S;) {
+      int64_t len = 1;
+      switch (c.docs) {
+        case Docs::Short: len = 1 + rng() % 40; break;
+        case Docs::Long: len = 60 + rng() % 250; break;
+        case Docs::Mixed: len = rng() % 3 == 0 ? 1 + rng() % 5 : 30 + rng() % 200; break;
+        case Docs::TileAligned: {
+          const int64_t L[] = {32, 63, 64, 65, 127, 128, 129};
+          len = L[rng() % 7];
+          break;
+        }
+        case Docs::SingleTokens:
+        case Docs::None: len = 1; break;
+      }
+      for (int64_t i = 0; i < len && s < c.S; ++i, ++s) doc[static_cast<size_t>(b * c.S + s)] = id;
+      ++id;
+    }
+  }
+  return doc;
+}
+
+// Sets an environment variable for one scope (the attention dispatch reads it at every call).
+struct ScopedEnv {
+  std::string key, old;
+  bool had = false;
+  ScopedEnv(const char* k, const char* v) : key(k) {
+    if (const char* o = std::getenv(k)) had = true, old = o;
+    setenv(k, v, 1);
+  }
+  ~ScopedEnv() {
+    if (had) setenv(key.c_str(), old.c_str(), 1);
+    else unsetenv(key.c_str());
+  }
+};
 
 std::vector<float> rounded_randn(size_t n, uint32_t seed, float scale) {
   auto v = randn(n, seed, scale);
@@ -63,8 +118,17 @@ void run_case(const Case& c, uint32_t seed) {
   SCOPED_TRACE(name(c));
   auto gpu = make_cuda_ops();
   auto cpu = make_cpu_ops();
-  const AttnShape s{c.B, c.S, c.H, c.KVH, c.D};
+  AttnShape s{c.B, c.S, c.H, c.KVH, c.D, {}};
+  AttnShape s_cpu = s;
   const int64_t T = c.B * c.S;
+  std::vector<int32_t> docs;
+  std::optional<DeviceTensor> g_docs;
+  if (c.docs != Docs::None) {
+    docs = make_docs(c, seed + 13);
+    g_docs.emplace(upload_i32(*gpu, docs, {T}));
+    s.doc_ids = g_docs->t;
+    s_cpu.doc_ids = host_i32(docs, {T});
+  }
   const size_t nq = static_cast<size_t>(T * c.H * c.D), nkv = static_cast<size_t>(T * c.KVH * c.D);
   const size_t nl = static_cast<size_t>(c.B * c.H * c.S);
 
@@ -75,7 +139,7 @@ void run_case(const Case& c, uint32_t seed) {
 
   // ---- forward ----
   std::vector<float> out_ref(nq), lse_ref(nl);
-  cpu->attention_forward(s, host(q, {T, c.H, c.D}), host(k, {T, c.KVH, c.D}), host(v, {T, c.KVH, c.D}),
+  cpu->attention_forward(s_cpu, host(q, {T, c.H, c.D}), host(k, {T, c.KVH, c.D}), host(v, {T, c.KVH, c.D}),
                          host(out_ref, {T, c.H, c.D}), host(lse_ref, {c.B, c.H, c.S}));
 
   auto dq_ = upload(*gpu, q, DType::BF16, {T, c.H, c.D});
@@ -95,7 +159,7 @@ void run_case(const Case& c, uint32_t seed) {
   auto out_b = out_ref;
   round_bf16(out_b);
   std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
-  cpu->attention_backward(s, host(dout, {T, c.H, c.D}), host(q, {T, c.H, c.D}), host(k, {T, c.KVH, c.D}),
+  cpu->attention_backward(s_cpu, host(dout, {T, c.H, c.D}), host(q, {T, c.H, c.D}), host(k, {T, c.KVH, c.D}),
                           host(v, {T, c.KVH, c.D}), host(out_b, {T, c.H, c.D}), host(lse_ref, {c.B, c.H, c.S}),
                           host(dq_ref, {T, c.H, c.D}), host(dk_ref, {T, c.KVH, c.D}),
                           host(dv_ref, {T, c.KVH, c.D}));
@@ -176,10 +240,121 @@ TEST(CudaAttention, LongSeq4096) {
   run_case({1, 4096, 2, 1, 64, 1.f}, 800);
 }
 
+// ---- document masks (packed rows) ----
+
+TEST(CudaAttention, DocsShortD64) {
+  MXT_REQUIRE_GPU();
+  run_case({2, 300, 4, 2, 64, 1.f, Docs::Short}, 900);
+}
+
+TEST(CudaAttention, DocsMixedD128) {
+  MXT_REQUIRE_GPU();
+  run_case({1, 520, 8, 2, 128, 1.f, Docs::Mixed}, 910);
+  run_case({2, 200, 4, 4, 128, 3.f, Docs::Mixed}, 915);  // peaky scores, MHA
+}
+
+TEST(CudaAttention, DocsTileAligned) {
+  MXT_REQUIRE_GPU();
+  run_case({1, 700, 4, 1, 64, 1.f, Docs::TileAligned}, 920);
+  run_case({2, 512, 4, 2, 128, 1.f, Docs::TileAligned}, 925);
+}
+
+TEST(CudaAttention, DocsLongSeq) {
+  MXT_REQUIRE_GPU();
+  run_case({1, 2048, 2, 1, 128, 1.f, Docs::Long}, 930);
+}
+
+// Every token its own document: out = v of the token, lse = its own score.
+TEST(CudaAttention, DocsSingleTokens) {
+  MXT_REQUIRE_GPU();
+  run_case({1, 200, 2, 1, 64, 1.f, Docs::SingleTokens}, 940);
+}
+
+TEST(CudaAttention, DocsSmallHeadDims) {  // reference kernels
+  MXT_REQUIRE_GPU();
+  run_case({2, 150, 4, 2, 32, 1.f, Docs::Mixed}, 950);
+  run_case({1, 90, 2, 1, 16, 1.f, Docs::Short}, 955);
+}
+
+// ---- the other kernels the dispatch can pick ----
+
+TEST(CudaAttention, ReferenceKernels) {
+  MXT_REQUIRE_GPU();
+  ScopedEnv env("MXTRAIN_ATTENTION", "reference");
+  run_case({1, 300, 8, 2, 128, 1.f}, 1000);
+  run_case({2, 200, 4, 1, 64, 1.f, Docs::Mixed}, 1010);
+  run_case({1, 400, 4, 2, 128, 1.f, Docs::TileAligned}, 1020);
+}
+
+TEST(CudaAttention, Variant1Kernels) {
+  MXT_REQUIRE_GPU();
+  ScopedEnv env("MXTRAIN_ATTENTION_VARIANT", "1");
+  run_case({2, 128, 4, 2, 64, 1.f}, 1100);
+  run_case({1, 300, 8, 2, 128, 1.f}, 1110);
+  run_case({1, 1, 4, 2, 64, 1.f}, 1115);
+  run_case({2, 200, 4, 1, 64, 3.f, Docs::Mixed}, 1120);
+  run_case({1, 520, 4, 2, 128, 1.f, Docs::TileAligned}, 1130);
+  run_case({1, 2048, 4, 2, 128, 1.f}, 1140);
+}
+
+TEST(CudaAttention, LongSeq4096D128) {
+  MXT_REQUIRE_GPU();
+  run_case({1, 4096, 2, 1, 128, 1.f}, 1200);
+}
+
+TEST(CudaAttention, RejectsBadDocIds) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  AttnShape s{1, 8, 2, 2, 64, {}};
+  DeviceTensor q(*gpu, DType::BF16, {8, 2, 64}), k(*gpu, DType::BF16, {8, 2, 64}), v(*gpu, DType::BF16, {8, 2, 64}),
+      o(*gpu, DType::BF16, {8, 2, 64}), l(*gpu, DType::F32, {1, 2, 8});
+  DeviceTensor short_ids(*gpu, DType::I32, {7}), f32_ids(*gpu, DType::F32, {8});
+  s.doc_ids = short_ids.t;
+  try {
+    gpu->attention_forward(s, q, k, v, o, l);
+    FAIL() << "doc_ids of 7 elements accepted for 8 tokens";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("doc_ids"), std::string::npos) << e.what();
+  }
+  s.doc_ids = f32_ids.t;
+  try {
+    gpu->attention_backward(s, o, q, k, v, o, l, q, k, v);
+    FAIL() << "f32 doc_ids accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("doc_ids"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaAttention, RejectsBadEnvironment) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  const AttnShape s{1, 4, 2, 2, 64, {}};
+  DeviceTensor q(*gpu, DType::BF16, {4, 2, 64}), k(*gpu, DType::BF16, {4, 2, 64}), v(*gpu, DType::BF16, {4, 2, 64}),
+      o(*gpu, DType::BF16, {4, 2, 64}), l(*gpu, DType::F32, {1, 2, 4});
+  {
+    ScopedEnv env("MXTRAIN_ATTENTION", "fast");
+    try {
+      gpu->attention_forward(s, q, k, v, o, l);
+      FAIL() << "MXTRAIN_ATTENTION=fast accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("MXTRAIN_ATTENTION=fast"), std::string::npos) << e.what();
+    }
+  }
+  {
+    ScopedEnv env("MXTRAIN_ATTENTION_VARIANT", "7");
+    try {
+      gpu->attention_backward(s, o, q, k, v, o, l, q, k, v);
+      FAIL() << "MXTRAIN_ATTENTION_VARIANT=7 accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("MXTRAIN_ATTENTION_VARIANT=7"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(CudaAttention, RejectsUnsupportedHeadDim) {
   MXT_REQUIRE_GPU();
   auto gpu = make_cuda_ops();
-  const AttnShape s{1, 4, 2, 2, 96};
+  const AttnShape s{1, 4, 2, 2, 96, {}};
   DeviceTensor q(*gpu, DType::BF16, {4, 2, 96}), k(*gpu, DType::BF16, {4, 2, 96}),
       v(*gpu, DType::BF16, {4, 2, 96}), o(*gpu, DType::BF16, {4, 2, 96}), l(*gpu, DType::F32, {1, 2, 4});
   try {
@@ -199,7 +374,7 @@ TEST(CudaAttention, RejectsUnsupportedHeadDim) {
 TEST(CudaAttention, RejectsWrongDtype) {
   MXT_REQUIRE_GPU();
   auto gpu = make_cuda_ops();
-  const AttnShape s{1, 4, 2, 2, 64};
+  const AttnShape s{1, 4, 2, 2, 64, {}};
   DeviceTensor q(*gpu, DType::F32, {4, 2, 64}), k(*gpu, DType::BF16, {4, 2, 64}), v(*gpu, DType::BF16, {4, 2, 64}),
       o(*gpu, DType::BF16, {4, 2, 64}), l(*gpu, DType::F32, {1, 2, 4});
   EXPECT_THROW(gpu->attention_forward(s, q, k, v, o, l), std::runtime_error);

@@ -1,0 +1,693 @@
+// Grouped expert GEMMs on Hopper (sm_90a): TMA loads into a multi-stage shared-memory ring, wgmma on two
+// consumer warpgroups, one persistent CTA per SM walking (expert, m-tile, n-tile) work items.
+//   forward  y[r,:]  = x[r,:] @ W[e]^T     A = x  [R,K] K-major,   B = W[e] [N,K] K-major   -> y  bf16
+//   dgrad    dx[r,:] = dy[r,:] @ W[e]      A = dy [R,K] K-major,   B = W[e] [K,N] N-major   -> dx bf16
+//   wgrad    dW[e]  += dy_e^T @ x_e        A = dy_e^T: [M=out, k=rows] M-major, B = x_e [k, N] N-major
+//                                          -> dW f32, read-add-write (deterministic: one CTA per output tile)
+// (contract and offsets semantics: ops.hpp; the wmma kernels in grouped_gemm.cu are the fallback and reference.)
+//
+// CTA: 3 warpgroups. Warpgroup 0 is the producer: one thread issues the TMA loads of each k-block (BK = 64)
+// into stage s after waiting for empty[s]; the loads complete on full[s] (transaction bytes). Its other warps
+// zero the padding rows [offsets[E], R) of y / dx. Warpgroups 1 and 2 are consumers: each owns 64 rows of the
+// 128 x BN block tile (wgmma m64nBNk16, fp32 accumulators in registers), waits for full[s], issues 4 wgmmas,
+// keeps one k-block of wgmmas in flight and releases the previous stage (one arrival per consumer warp).
+// Shared tiles are 128-byte swizzled by TMA and read by wgmma through matching descriptors (sm90_ptx.cuh).
+//
+// Work items (computed on the device from the offsets, never on the host): forward / dgrad: for each expert
+// ceil(rows_e / 128) m-tiles x ceil(N / BN) n-tiles, m fastest; wgrad: for each expert with rows, ceil(M/128) x
+// ceil(N/BN) output tiles, the fastest index along the smaller of M, N (so the CTAs in flight share operands in
+// L2). CTA b takes items b, b + gridDim.x, ...; producer and consumers derive the same sequence.
+//
+// Clusters of 2 (kCl = 2, optional): the two CTAs of a cluster take the same item with adjacent n-tiles, so they
+// share the A tile; each loads one 64-row half of it and multicasts it to both (A traffic from L2 halves: 40 KiB
+// instead of 48 KiB per k-block and CTA at BN = 256). A stage is then written by both CTAs' TMA, so its empty
+// barrier counts the consumer warps of both CTAs (remote arrivals), and the CTAs sync as a cluster after
+// initialising the barriers and before exiting.
+//
+// Expert boundaries: forward / dgrad load 128 rows from the tile's first row even past the expert's end (they
+// belong to the next expert, or are zero-filled past R); each output row depends only on its own input row,
+// and the epilogue stores only the expert's rows. Wgrad contracts over rows, so the rows of the last k-block
+// past the expert's end are zeroed in shared memory (A and B) before its wgmmas: one k-block per tile.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cuda_common.cuh"
+#include "cuda_context.cuh"
+#include "sm90_grouped_gemm.cuh"
+#include "sm90_ptx.cuh"
+#include "sm90_wgmma.cuh"
+
+namespace mxt::sm90 {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+enum class Mode : int { kFwd = 0, kDgrad = 1, kWgrad = 2 };
+
+constexpr int BM = 128;                  // block tile rows: 2 consumer warpgroups x 64
+constexpr int BK = 64;                   // k-block: one 128-byte swizzle row of bf16
+constexpr int kChunk = 64 * BK * 2;      // bytes of one 64 x 64 bf16 box (8 KiB)
+constexpr int kThreads = 384;            // producer warpgroup + 2 consumer warpgroups
+constexpr int kConsumerThreads = 256;
+constexpr int kMaxExperts = 256;
+constexpr int kPrefetchLead = 8;         // wgrad: k-blocks before an item's end at which its dW tile is prefetched
+constexpr uint32_t kProducerRegs = 56, kConsumerRegs = 224;  // 128 x 56 + 256 x 224 = 168 x 384
+
+template <int BN>
+struct Cfg {
+  static_assert(BN == 128 || BN == 256, "BN must be 128 or 256");
+  static constexpr int kStageA = BM * BK * 2;
+  static constexpr int kStageB = BN * BK * 2;
+  static constexpr int kStages = BN == 256 ? 4 : 6;  // 192 KiB of operand ring either way
+  static constexpr int kOffB = kStages * kStageA;
+  static constexpr int kOffBar = kOffB + kStages * kStageB;
+  static constexpr int kOffSched = kOffBar + 2 * kStages * 8;
+  static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread (64 x BN / 128)
+};
+
+struct Sched {
+  int32_t lo[kMaxExperts], hi[kMaxExperts], mtiles[kMaxExperts];
+  int32_t cum[kMaxExperts + 1];  // exclusive prefix of the experts' work items
+};
+
+template <int BN>
+constexpr int smem_bytes() {
+  return Cfg<BN>::kOffSched + static_cast<int>(sizeof(Sched)) + 1024;  // + slack for 1024-byte alignment
+}
+static_assert(smem_bytes<256>() <= 227 * 1024 && smem_bytes<128>() <= 227 * 1024, "shared memory budget");
+static_assert(Cfg<256>::kOffB % 1024 == 0 && Cfg<128>::kOffB % 1024 == 0, "stage buffers 1024-byte aligned");
+
+struct Params {
+  const int32_t* offsets;
+  int32_t E, R;
+  int32_t N;        // output columns (fwd: out, dgrad: in, wgrad: in)
+  int32_t K;        // fwd / dgrad: contraction length; wgrad: M (= out, rows of dW[e])
+  int32_t n_units;  // n-tiles per scheduling unit row: ceil(ceil(N / BN) / cluster size)
+  int32_t m_tiles;  // wgrad: ceil(M / BM)
+  int32_t m_fast;   // wgrad: item order, m-tile fastest
+  int32_t prefetch; // wgrad: dW is 16-byte aligned, so its tiles can be prefetched into L2 with bulk copies
+  int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing
+  void* out;        // y / dx (bf16, [R, N]) or dW (f32, [E, M, N])
+};
+
+__device__ __forceinline__ void st_bf16x2(bf16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+
+__device__ __forceinline__ int32_t clamp_row(int32_t v, int32_t R) { return v < 0 ? 0 : (v > R ? R : v); }
+
+// One work item, decoded identically by producer and consumers.
+struct Item {
+  int e;
+  int32_t row0, row_hi;  // fwd / dgrad: rows [row0, min(row0 + BM, row_hi)) of the output
+  int32_t m0;            // wgrad: first dW row
+  int32_t n0;            // first output column
+  int32_t nk;            // k-blocks
+};
+
+// kCl CTAs (cluster ranks) share a unit: rank r takes n-tile unit * kCl + r.
+template <Mode kMode, int BN, int kCl>
+__device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int item, int& e, int rank) {
+  while (item >= sc.cum[e + 1]) ++e;  // items of one CTA increase, so the expert only moves forward
+  Item it;
+  it.e = e;
+  const int local = item - sc.cum[e];
+  if constexpr (kMode == Mode::kWgrad) {
+    const int mt = p.m_fast ? local % p.m_tiles : local / p.n_units;
+    const int nu = p.m_fast ? local / p.m_tiles : local % p.n_units;
+    it.m0 = mt * BM;
+    it.n0 = (nu * kCl + rank) * BN;
+    it.row0 = sc.lo[e];
+    it.row_hi = sc.hi[e];
+    it.nk = (it.row_hi - it.row0 + BK - 1) / BK;
+  } else {
+    const int mte = sc.mtiles[e];
+    it.row0 = sc.lo[e] + (local % mte) * BM;
+    it.row_hi = sc.hi[e];
+    it.n0 = ((local / mte) * kCl + rank) * BN;
+    it.m0 = 0;
+    it.nk = (p.K + BK - 1) / BK;
+  }
+  return it;
+}
+
+template <Mode kMode, int BN, int kCl>
+__device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap* mB, const Sched& sc,
+                                        const Params& p, uint32_t smem, uint64_t* full, uint64_t* empty,
+                                        int rank, int unit0, int units_stride) {
+  using C = Cfg<BN>;
+  tma_prefetch_desc(mA);
+  tma_prefetch_desc(mB);
+  const int total = sc.cum[p.E];
+  int s = 0, e = 0;
+  uint32_t phase = 0;
+  for (int item = unit0; item < total; item += units_stride) {
+    const Item it = decode<kMode, BN, kCl>(sc, p, item, e, rank);
+    for (int kb = 0; kb < it.nk; ++kb) {
+      mbar_wait<(kCl > 1)>(&empty[s], phase ^ 1u);
+      mbar_arrive_expect_tx(&full[s], C::kStageA + C::kStageB);
+      const uint32_t a = smem + s * C::kStageA, b = smem + C::kOffB + s * C::kStageB;
+      const uint32_t bar = smem_u32(&full[s]);
+      const int32_t k0 = kb * BK;
+      if constexpr (kCl > 1 && kMode != Mode::kWgrad) {
+        // This CTA's 64-row half of the shared A tile, to the same offset in both CTAs.
+        tma_load_2d_multicast(a + rank * kChunk, mA, bar, k0, it.row0 + 64 * rank, 0x3);
+      }
+      if constexpr (kMode == Mode::kFwd) {
+        if constexpr (kCl == 1) tma_load_2d(a, mA, bar, k0, it.row0);  // x rows [row0, row0 + 128), k [k0, +64)
+        tma_load_3d(b, mB, bar, k0, it.n0, it.e);    // W[e] rows [n0, n0 + BN), k [k0, k0 + 64)
+      } else if constexpr (kMode == Mode::kDgrad) {
+        if constexpr (kCl == 1) tma_load_2d(a, mA, bar, k0, it.row0);  // dy rows [row0, row0 + 128), k [k0, +64)
+#pragma unroll
+        for (int c = 0; c < BN / 64; ++c)            // W[e] k-rows [k0, k0 + 64), columns n0 + 64c ...
+          tma_load_3d(b + c * kChunk, mB, bar, it.n0 + 64 * c, k0, it.e);
+      } else {
+        const int32_t r0 = it.row0 + k0;             // expert rows [r0, r0 + 64)
+        if constexpr (kCl > 1) {
+          tma_load_2d_multicast(a + rank * kChunk, mA, bar, it.m0 + 64 * rank, r0, 0x3);
+        } else {
+#pragma unroll
+          for (int c = 0; c < BM / 64; ++c) tma_load_2d(a + c * kChunk, mA, bar, it.m0 + 64 * c, r0);
+        }
+#pragma unroll
+        for (int c = 0; c < BN / 64; ++c) tma_load_2d(b + c * kChunk, mB, bar, it.n0 + 64 * c, r0);
+      }
+      if constexpr (kMode == Mode::kWgrad) {
+        // A few k-blocks before the mainloop ends, pull this item's dW tile into L2 so the epilogue's
+        // read-add-write waits on L2, not DRAM (one bulk prefetch per dW row of the tile).
+        if (p.prefetch && it.n0 < p.N && kb == (it.nk > kPrefetchLead ? it.nk - kPrefetchLead : 0)) {
+          const int64_t M = p.K, N = p.N;
+          const int rows = M - it.m0 < BM ? static_cast<int>(M - it.m0) : BM;
+          const uint32_t bytes = static_cast<uint32_t>((N - it.n0 < BN ? N - it.n0 : BN) * 4);
+          const float* t = static_cast<const float*>(p.out) + (static_cast<int64_t>(it.e) * M + it.m0) * N + it.n0;
+          for (int r = 0; r < rows; ++r) prefetch_l2_bulk(t + r * N, bytes);
+        }
+      }
+      if (++s == C::kStages) {
+        s = 0;
+        phase ^= 1u;
+      }
+    }
+  }
+}
+
+// Wgrad: zero k-rows [valid, 64) of stage `s` (A: 2 chunks, B: BN/64 chunks of 64 k-rows x 128 bytes). The
+// 128-byte swizzle permutes 16-byte pieces within a row only, so a whole row is zeroed wherever its pieces are.
+template <int BN>
+__device__ __forceinline__ void zero_tail_rows(uint8_t* smem, int s, int valid, int ct) {
+  using C = Cfg<BN>;
+  constexpr int kChunks = BM / 64 + BN / 64;
+  const int rows = BK - valid;
+  const int per_chunk = rows * 8;  // 16-byte pieces
+  for (int i = ct; i < kChunks * per_chunk; i += kConsumerThreads) {
+    const int c = i / per_chunk, rem = i % per_chunk;
+    uint8_t* base = c < BM / 64 ? smem + s * C::kStageA + c * kChunk
+                                : smem + C::kOffB + s * C::kStageB + (c - BM / 64) * kChunk;
+    *reinterpret_cast<uint4*>(base + (valid + rem / 8) * 128 + (rem % 8) * 16) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  fence_proxy_async_smem();                        // generic writes -> the wgmma's async-proxy reads
+  named_barrier_sync(1, kConsumerThreads);         // both consumer warpgroups read all of B
+}
+
+template <int BN, int kTA, int kTB>
+__device__ __forceinline__ void mma_kblock(float (&acc)[BN / 2], uint32_t a, uint32_t b) {
+#pragma unroll
+  for (int k = 0; k < BK / 16; ++k) {
+    // K-major: the next 16 k are 32 bytes further along each 128-byte row; M/N-major: 16 rows of 128 bytes.
+    const uint64_t da = kTA ? smem_desc(a + k * 2048, kChunk, 1024) : smem_desc(a + k * 32, 16, 1024);
+    const uint64_t db = kTB ? smem_desc(b + k * 2048, kChunk, 1024) : smem_desc(b + k * 32, 16, 1024);
+    if constexpr (BN == 256)
+      wgmma_m64n256k16<kTA, kTB>(acc, da, db, 1u);
+    else
+      wgmma_m64n128k16<kTA, kTB>(acc, da, db, 1u);
+  }
+}
+
+template <Mode kMode, int BN, int kCl>
+__device__ __forceinline__ void consume(const Sched& sc, const Params& p, uint8_t* smem_ptr, uint32_t smem,
+                                        uint64_t* full, uint64_t* empty, int rank, int unit0, int units_stride) {
+  using C = Cfg<BN>;
+  constexpr int kTA = kMode == Mode::kWgrad ? 1 : 0;
+  constexpr int kTB = kMode == Mode::kFwd ? 0 : 1;
+  const int ct = threadIdx.x - 128;           // 0..255 over both consumer warpgroups
+  const int cw = ct / 128;                    // which 64-row half of the block tile
+  const int warp = (ct % 128) / 32, lane = ct % 32;
+  const int total = sc.cum[p.E];
+  float acc[C::kAcc];
+  int s = 0, e = 0;
+  uint32_t phase = 0;
+  // Releases a stage: one arrival per consumer warp on the empty barrier of every CTA that writes into it.
+  auto release = [&](int stage) {
+    if (lane != 0) return;
+    if constexpr (kCl == 1) {
+      mbar_arrive(&empty[stage]);
+    } else {
+#pragma unroll
+      for (int r = 0; r < kCl; ++r) mbar_arrive_cluster(map_to_cta(smem_u32(&empty[stage]), r));
+    }
+  };
+  for (int item = unit0; item < total; item += units_stride) {
+    const Item it = decode<kMode, BN, kCl>(sc, p, item, e, rank);
+#pragma unroll
+    for (int i = 0; i < C::kAcc; ++i) acc[i] = 0.f;
+    int prev = 0;
+    for (int kb = 0; kb < it.nk; ++kb) {
+      mbar_wait(&full[s], phase);
+      if constexpr (kMode == Mode::kWgrad) {
+        const int valid = it.row_hi - (it.row0 + kb * BK);
+        if (valid < BK && p.fault != 2) zero_tail_rows<BN>(smem_ptr, s, valid, ct);
+      }
+      // This warpgroup's 64 rows of A: rows 64cw.. of the K-major box, or the cw-th 64-wide M chunk.
+      const uint32_t a = smem + s * C::kStageA + cw * kChunk;
+      const uint32_t b = smem + C::kOffB + s * C::kStageB;
+      wgmma_fence();
+      mma_kblock<BN, kTA, kTB>(acc, a, b);
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous k-block's wgmmas are done: its stage can be refilled
+      if (kb > 0) release(prev);
+      prev = s;
+      if (++s == C::kStages) {
+        s = 0;
+        phase ^= 1u;
+      }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < C::kAcc; ++i) fence_operand(acc[i]);
+    if (it.nk > 0) release(prev);
+
+    // Epilogue straight from the accumulator fragments (layout: sm90_wgmma.cuh).
+    const int r_local = cw * 64 + warp * 16 + lane / 4;
+    const int col_l = 2 * (lane % 4);
+    if constexpr (kMode == Mode::kWgrad) {
+      const int64_t M = p.K, N = p.N;
+      float* dW = static_cast<float*>(p.out) + static_cast<int64_t>(it.e) * M * N;
+      const int64_t ma = it.m0 + r_local, mb = ma + 8;
+      constexpr int kJ = 16;  // column groups per batch: 2 x 16 float2 loads in flight
+#pragma unroll
+      for (int j0 = 0; j0 < C::kAcc / 4; j0 += kJ) {
+        float2 va[kJ], vb[kJ];
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) {
+          const int64_t n = it.n0 + 8 * (j0 + j) + col_l;
+          va[j] = (ma < M && n < N) ? *reinterpret_cast<const float2*>(dW + ma * N + n) : make_float2(0.f, 0.f);
+          vb[j] = (mb < M && n < N) ? *reinterpret_cast<const float2*>(dW + mb * N + n) : make_float2(0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) {
+          const int64_t n = it.n0 + 8 * (j0 + j) + col_l;
+          const int q = 4 * (j0 + j);
+          if (ma < M && n < N)
+            *reinterpret_cast<float2*>(dW + ma * N + n) = make_float2(va[j].x + acc[q], va[j].y + acc[q + 1]);
+          if (mb < M && n < N)
+            *reinterpret_cast<float2*>(dW + mb * N + n) = make_float2(vb[j].x + acc[q + 2], vb[j].y + acc[q + 3]);
+        }
+      }
+    } else {
+      const int64_t N = p.N;
+      bf16* out = static_cast<bf16*>(p.out);
+      const int64_t ra = static_cast<int64_t>(it.row0) + r_local, rb = ra + 8;
+      const int32_t hi = p.fault == 1 ? p.R : it.row_hi;
+      const bool va = ra < hi, vb = rb < hi;  // only this expert's rows
+#pragma unroll
+      for (int j = 0; j < C::kAcc / 4; ++j) {
+        const int64_t n = it.n0 + 8 * j + col_l;
+        if (n < N) {
+          if (va) st_bf16x2(out + ra * N + n, acc[4 * j], acc[4 * j + 1]);
+          if (vb) st_bf16x2(out + rb * N + n, acc[4 * j + 2], acc[4 * j + 3]);
+        }
+      }
+    }
+  }
+}
+
+// Zeroes rows [used, R) of out [R, N] (bf16, N a multiple of 8, 16-byte aligned) with 16-byte stores, spread
+// over the producer warpgroup's idle warps of every CTA.
+__device__ __forceinline__ void zero_padding(const Params& p, int32_t used, int t, int nthreads) {
+  const int64_t vec_per_row = p.N / 8;
+  const int64_t n = static_cast<int64_t>(p.R - used) * vec_per_row;
+  uint4* base = reinterpret_cast<uint4*>(static_cast<bf16*>(p.out) + static_cast<int64_t>(used) * p.N);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * nthreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * nthreads + t; i < n; i += stride)
+    base[i] = make_uint4(0u, 0u, 0u, 0u);
+}
+
+template <Mode kMode, int BN, int kCl>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_sm90_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+                        const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = Cfg<BN>;
+  extern __shared__ uint8_t smem_raw[];
+  // Swizzled TMA destinations and wgmma descriptors (base offset 0) need 1024-byte-aligned buffers.
+  const uint32_t raw = smem_u32(smem_raw);
+  uint8_t* smem_ptr = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
+  const uint32_t smem = smem_u32(smem_ptr);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_ptr + C::kOffBar);
+  uint64_t* empty = full + C::kStages;
+  Sched& sc = *reinterpret_cast<Sched*>(smem_ptr + C::kOffSched);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+  // Work items per expert from the device offsets (clamped into [0, R], non-decreasing: a bad table cannot
+  // cause out-of-bounds accesses).
+  for (int e = tid; e < p.E; e += kThreads) {
+    const int32_t lo = clamp_row(p.offsets[e], p.R);
+    int32_t hi = clamp_row(p.offsets[e + 1], p.R);
+    if (hi < lo) hi = lo;
+    const int32_t mt = (hi - lo + BM - 1) / BM;
+    sc.lo[e] = lo;
+    sc.hi[e] = hi;
+    sc.mtiles[e] = mt;
+    sc.cum[e + 1] = kMode == Mode::kWgrad ? (hi > lo ? p.m_tiles * p.n_units : 0) : mt * p.n_units;
+  }
+  if (tid == 0) {
+    for (int i = 0; i < C::kStages; ++i) {
+      mbar_init(&full[i], 1);       // the producer's arrive.expect_tx (+ the TMA bytes)
+      mbar_init(&empty[i], 8 * kCl);  // one arrival per consumer warp of each CTA writing the stage
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (warp == 0) {  // exclusive prefix over experts, 32 at a time
+    int carry = 0;
+    for (int base = 0; base < p.E; base += 32) {
+      const int e = base + lane;
+      int v = e < p.E ? sc.cum[e + 1] : 0;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+      }
+      if (e < p.E) sc.cum[e + 1] = carry + v;
+      carry += __shfl_sync(0xffffffffu, v, 31);
+    }
+    if (lane == 0) sc.cum[0] = 0;
+  }
+  __syncthreads();
+  // Units: clusters walk the work items; both CTAs of a cluster take the same item.
+  const int rank = kCl > 1 ? static_cast<int>(cluster_ctarank()) : 0;
+  const int unit0 = static_cast<int>(blockIdx.x) / kCl, units_stride = static_cast<int>(gridDim.x) / kCl;
+  if constexpr (kCl > 1) cluster_sync();  // the peer's barriers are initialised before any remote arrival
+
+  if (warp < 4) {  // producer warpgroup
+    setmaxnreg_dec<kProducerRegs>();
+    if (warp == 0) {
+      if (lane == 0) produce<kMode, BN, kCl>(&tmA, &tmB, sc, p, smem, full, empty, rank, unit0, units_stride);
+    } else if constexpr (kMode != Mode::kWgrad) {
+      zero_padding(p, clamp_row(p.offsets[p.E], p.R), tid - 32, 96);
+    }
+  } else {
+    setmaxnreg_inc<kConsumerRegs>();
+    consume<kMode, BN, kCl>(sc, p, smem_ptr, smem, full, empty, rank, unit0, units_stride);
+  }
+  // No CTA may exit while its peer can still arrive on its barriers. Every thread gets here (no early return).
+  if constexpr (kCl > 1) cluster_sync();
+#else
+  __trap();  // built without sm_90a: the host never launches this (see device_ok)
+#endif
+}
+
+// ---- host side -------------------------------------------------------------------------------------------
+
+std::atomic<int> g_impl_override{static_cast<int>(GroupedImpl::Auto)};
+std::atomic<int> g_tile_n{0};
+std::atomic<int> g_cluster{0};
+thread_local const char* g_last_impl = "none";
+
+GroupedImpl env_impl() {
+  static const GroupedImpl v = [] {
+    const char* s = std::getenv("MXTRAIN_GROUPED_GEMM");
+    if (s == nullptr || *s == 0 || !std::strcmp(s, "auto")) return GroupedImpl::Auto;
+    if (!std::strcmp(s, "sm90") || !std::strcmp(s, "tma")) return GroupedImpl::Sm90;
+    if (!std::strcmp(s, "wmma")) return GroupedImpl::Wmma;
+    cuda::fail("grouped_gemm", std::string("MXTRAIN_GROUPED_GEMM must be auto, sm90, tma or wmma, got '") + s + "'");
+  }();
+  return v;
+}
+
+int tile_n() {
+  const int o = g_tile_n.load();
+  if (o != 0) return o;
+  static const int v = [] {
+    const char* s = std::getenv("MXTRAIN_GG_BN");
+    if (s == nullptr || *s == 0) return 256;
+    if (!std::strcmp(s, "256")) return 256;
+    if (!std::strcmp(s, "128")) return 128;
+    cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_BN must be 128 or 256, got '") + s + "'");
+  }();
+  return v;
+}
+
+int cluster_size() {
+  const int o = g_cluster.load();
+  if (o != 0) return o;
+  static const int v = [] {
+    const char* s = std::getenv("MXTRAIN_GG_CLUSTER");
+    if (s == nullptr || *s == 0 || !std::strcmp(s, "1")) return 1;
+    if (!std::strcmp(s, "2")) return 2;
+    cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_CLUSTER must be 1 or 2, got '") + s + "'");
+  }();
+  return v;
+}
+
+// MXTRAIN_GG_FAULT=mask|tail breaks the kernels on purpose, so a GPU run can check that the tests catch it.
+int fault_injection() {
+  static const int v = [] {
+    const char* s = std::getenv("MXTRAIN_GG_FAULT");
+    if (s == nullptr || *s == 0) return 0;
+    if (!std::strcmp(s, "mask")) return 1;
+    if (!std::strcmp(s, "tail")) return 2;
+    cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_FAULT must be mask or tail, got '") + s + "'");
+  }();
+  return v;
+}
+
+bool wants_sm90() {
+  const auto o = static_cast<GroupedImpl>(g_impl_override.load());
+  const GroupedImpl impl = o != GroupedImpl::Auto ? o : env_impl();
+  return impl != GroupedImpl::Wmma;
+}
+
+// Compute capability 9.0 and a kernel image built for it (sm_90a), per device, checked once.
+bool device_ok(int device) {
+  static std::atomic<int> cache[64];  // 0 unknown, 1 yes, 2 no
+  if (device < 0 || device >= 64) return false;
+  int c = cache[device].load();
+  if (c == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    cudaFuncAttributes attr{};
+    const bool image = cudaFuncGetAttributes(&attr, grouped_sm90_kernel<Mode::kFwd, 256, 1>) == cudaSuccess &&
+                       attr.binaryVersion == 90;
+    cudaGetLastError();  // clear a failed query
+    c = (major == 9 && minor == 0 && image) ? 1 : 2;
+    cache[device].store(c);
+  }
+  return c == 1;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+    if (err != cudaSuccess || q != cudaDriverEntryPointSuccess || f == nullptr)
+      cuda::fail("grouped_gemm", std::string("cannot get cuTensorMapEncodeTiled from the driver: ") +
+                                     cudaGetErrorString(err));
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A bf16 tensor map with 128-byte swizzle; dims innermost first, strides in bytes (rank - 1 of them). On failure
+// (a geometry the driver rejects) says so once on stderr and returns false: the caller falls back to wmma, and
+// the sm90 tests, which assert the path taken, report it.
+bool make_map(CUtensorMap& m, const char* op, const char* what, const void* ptr, int rank, const cuuint64_t* dims,
+              const cuuint64_t* strides, const cuuint32_t* box) {
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank),
+                                 const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r == CUDA_SUCCESS) return true;
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true)) {
+    std::string d, b;
+    for (int i = 0; i < rank; ++i) {
+      d += (i ? "x" : "") + std::to_string(dims[i]);
+      b += (i ? "x" : "") + std::to_string(box[i]);
+    }
+    std::fprintf(stderr, "%s: cuTensorMapEncodeTiled failed (error %d) for %s (dims %s, box %s): using the wmma "
+                 "kernels for such shapes\n", op, static_cast<int>(r), what, d.c_str(), b.c_str());
+  }
+  return false;
+}
+
+bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; }
+
+// Shapes every mode shares: sizes in range, 16-byte row strides for TMA.
+bool shapes_ok(int64_t E, int64_t R, int64_t out, int64_t in) {
+  if (E < 1 || E > kMaxExperts || R < 1 || R > INT32_MAX) return false;
+  if (out < 8 || in < 8 || out % 8 || in % 8 || out > INT32_MAX || in > INT32_MAX) return false;
+  return true;
+}
+
+// Launches kernel<kMode, BN, kCl> persistently: at most one cluster per co-resident slot, at most one per unit.
+template <Mode kMode, int BN, int kCl>
+void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const Params& p, int64_t max_units,
+            CudaContext& ctx) {
+  auto kernel = grouped_sm90_kernel<kMode, BN, kCl>;
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCl;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem_bytes<BN>();
+  cfg.stream = ctx.stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  // Per instantiation, once: the shared-memory opt-in and how many clusters fit on the device at once.
+  static std::atomic<int> slots{0};
+  if (slots.load() == 0) {
+    cuda::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN>()), op,
+                "cudaFuncSetAttribute(shared memory)");
+    int n = 0;
+    if (kCl > 1) {
+      cfg.gridDim = dim3(kCl * 64);
+      cuda::check(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg), op, "cudaOccupancyMaxActiveClusters");
+    } else {
+      n = ctx.num_sms;
+    }
+    if (n < 1) cuda::fail(op, "no cluster of " + std::to_string(kCl) + " CTAs fits on the device");
+    slots.store(n);
+  }
+  const int64_t n = slots.load();
+  cfg.gridDim = dim3(static_cast<unsigned>(kCl * (max_units < 1 ? 1 : (max_units < n ? max_units : n))));
+  cuda::check(cudaLaunchKernelEx(&cfg, kernel, a, b, p), op, "kernel launch");
+}
+
+template <Mode kMode>
+void launch_cfg(const char* op, const CUtensorMap& a, const CUtensorMap& b, const Params& p, int64_t max_units,
+                CudaContext& ctx, int bn, int cl) {
+  if (bn == 128 && cl == 1) launch<kMode, 128, 1>(op, a, b, p, max_units, ctx);
+  else if (bn == 128) launch<kMode, 128, 2>(op, a, b, p, max_units, ctx);
+  else if (cl == 1) launch<kMode, 256, 1>(op, a, b, p, max_units, ctx);
+  else launch<kMode, 256, 2>(op, a, b, p, max_units, ctx);
+}
+
+// Forward and dgrad share everything but B's layout: out [R, N] from in [R, K].
+template <Mode kMode>
+bool try_rows(const char* op, const bf16* in, const bf16* W, const int32_t* off, int64_t E, int64_t R,
+              int64_t w_out, int64_t w_in, bf16* out, CudaContext& ctx) {
+  if (!wants_sm90() || !shapes_ok(E, R, w_out, w_in) || !device_ok(ctx.device)) return false;
+  if (!aligned(in, 16) || !aligned(W, 16) || !aligned(out, 16)) return false;  // TMA bases, 16-byte stores
+  const int bn = tile_n(), cl = cluster_size();
+  const int64_t N = kMode == Mode::kFwd ? w_out : w_in, K = kMode == Mode::kFwd ? w_in : w_out;
+  const int64_t n_units = ((N + bn - 1) / bn + cl - 1) / cl;
+  const int64_t max_units = ((R + BM - 1) / BM + E) * n_units;  // >= sum_e ceil(rows_e / BM) * n_units
+  if (max_units > INT32_MAX) return false;
+
+  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(R)};
+  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(K) * 2};
+  const cuuint32_t a_box[2] = {BK, static_cast<cuuint32_t>(BM / cl)};  // clusters: each CTA loads a half
+  CUtensorMap ma, mb;
+  if (!make_map(ma, op, kMode == Mode::kFwd ? "x" : "dy", in, 2, a_dims, a_strides, a_box)) return false;
+  // W [E, w_out, w_in] row-major: dims innermost first {w_in, w_out, E}.
+  const cuuint64_t w_dims[3] = {static_cast<cuuint64_t>(w_in), static_cast<cuuint64_t>(w_out),
+                                static_cast<cuuint64_t>(E)};
+  const cuuint64_t w_strides[2] = {static_cast<cuuint64_t>(w_in) * 2, static_cast<cuuint64_t>(w_in * w_out) * 2};
+  // Forward: a box of BN W rows x 64 k (K-major). Dgrad: 64 k-rows x 64 columns, BN/64 boxes per stage.
+  const cuuint32_t w_box[3] = {static_cast<cuuint32_t>(BK),
+                               static_cast<cuuint32_t>(kMode == Mode::kFwd ? bn : BK), 1};
+  if (!make_map(mb, op, "W", W, 3, w_dims, w_strides, w_box)) return false;
+
+  Params p{};
+  p.offsets = off;
+  p.E = static_cast<int32_t>(E);
+  p.R = static_cast<int32_t>(R);
+  p.N = static_cast<int32_t>(N);
+  p.K = static_cast<int32_t>(K);
+  p.n_units = static_cast<int32_t>(n_units);
+  p.out = out;
+  p.fault = fault_injection();
+  launch_cfg<kMode>(op, ma, mb, p, max_units, ctx, bn, cl);
+  note_grouped_impl("sm90");
+  return true;
+}
+
+}  // namespace
+
+void set_grouped_impl(GroupedImpl impl) { g_impl_override.store(static_cast<int>(impl)); }
+void set_grouped_tile_n(int bn) {
+  if (bn != 0 && bn != 128 && bn != 256)
+    cuda::fail("grouped_gemm", "tile N must be 128 or 256, got " + std::to_string(bn));
+  g_tile_n.store(bn);
+}
+void set_grouped_cluster(int ctas) {
+  if (ctas != 0 && ctas != 1 && ctas != 2)
+    cuda::fail("grouped_gemm", "cluster size must be 1 or 2, got " + std::to_string(ctas));
+  g_cluster.store(ctas);
+}
+const char* last_grouped_impl() { return g_last_impl; }
+void note_grouped_impl(const char* impl) { g_last_impl = impl; }
+
+bool try_grouped_fwd(const bf16* x, const bf16* W, const int32_t* off, int64_t E, int64_t R, int64_t out,
+                     int64_t in, bf16* y, CudaContext& ctx) {
+  return try_rows<Mode::kFwd>("grouped_gemm", x, W, off, E, R, out, in, y, ctx);
+}
+
+bool try_grouped_dgrad(const bf16* dy, const bf16* W, const int32_t* off, int64_t E, int64_t R, int64_t out,
+                       int64_t in, bf16* dx, CudaContext& ctx) {
+  return try_rows<Mode::kDgrad>("grouped_gemm_dgrad", dy, W, off, E, R, out, in, dx, ctx);
+}
+
+bool try_grouped_wgrad(const bf16* dy, const bf16* x, const int32_t* off, int64_t E, int64_t R, int64_t out,
+                       int64_t in, float* dW, CudaContext& ctx) {
+  const char* op = "grouped_gemm_wgrad";
+  if (!wants_sm90() || !shapes_ok(E, R, out, in) || !device_ok(ctx.device)) return false;
+  if (!aligned(dy, 16) || !aligned(x, 16) || !aligned(dW, 8)) return false;  // TMA bases, float2 read-add-write
+  const int bn = tile_n(), cl = cluster_size();
+  const int64_t M = out, N = in;
+  const int64_t m_tiles = (M + BM - 1) / BM, n_units = ((N + bn - 1) / bn + cl - 1) / cl;
+  const int64_t max_units = E * m_tiles * n_units;
+  if (max_units > INT32_MAX) return false;
+
+  // dy [R, M] and x [R, N], both read as 64 (M or N) x 64 (rows) boxes: M/N-major operands.
+  const cuuint32_t box[2] = {64, BK};
+  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(R)};
+  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(M) * 2};
+  const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(R)};
+  const cuuint64_t b_strides[1] = {static_cast<cuuint64_t>(N) * 2};
+  CUtensorMap ma, mb;
+  if (!make_map(ma, op, "dy", dy, 2, a_dims, a_strides, box) || !make_map(mb, op, "x", x, 2, b_dims, b_strides, box))
+    return false;
+
+  Params p{};
+  p.offsets = off;
+  p.E = static_cast<int32_t>(E);
+  p.R = static_cast<int32_t>(R);
+  p.N = static_cast<int32_t>(N);
+  p.K = static_cast<int32_t>(M);
+  p.n_units = static_cast<int32_t>(n_units);
+  p.m_tiles = static_cast<int32_t>(m_tiles);
+  p.m_fast = M <= N ? 1 : 0;
+  p.prefetch = aligned(dW, 16) ? 1 : 0;
+  p.fault = fault_injection();
+  p.out = dW;
+  launch_cfg<Mode::kWgrad>(op, ma, mb, p, max_units, ctx, bn, cl);
+  note_grouped_impl("sm90");
+  return true;
+}
+
+}  // namespace mxt::sm90

@@ -1,0 +1,38 @@
+#pragma once
+// CUDA MXFP8 entry points (kernels/mxfp8_*.cu). Formats, layouts and the CPU twins: include/mxtrain/mxfp8.hpp.
+// Every call runs on the CudaOps stream and does not synchronise (except the test-support probe).
+#include <cstdint>
+#include <vector>
+
+#include "mxtrain/mxfp8.hpp"
+#include "mxtrain/tensor.hpp"
+
+namespace mxt {
+class CudaOps;
+}
+
+namespace mxt::mxfp8 {
+
+// Quantises x (CUDA, BF16 or F32, [rows, cols] or [batch, rows, cols]) into the rowwise and / or columnwise
+// copies (CUDA views of x's shape; either may be null, not both; their formats may differ) in one pass that
+// reads x once. Bit-exact with mxfp8::quantize / quantize_bf16. Data pointers must be 16-byte aligned.
+void quantize_cuda(CudaOps& ops, const Tensor& x, const MxView* rowwise, const MxView* colwise);
+
+// MXFP8 grouped GEMMs (kernels/mxfp8_grouped_gemm.cu; fp64 twins mxfp8::grouped_gemm_ref / _wgrad_ref). A and
+// B are K-major CUDA views of any direction (mxfp8.md's operand copies: forward X rowwise x W rowwise, dgrad
+// dY rowwise x W columnwise, wgrad dY columnwise x X columnwise), either format each; offsets a CUDA I32
+// tensor, never read on the host.
+// Grouped along M: A [M, K] (batch 1), B [E][N, K]; rows m in [off[e], off[e+1]) use B's group e;
+// C [M, N] BF16 or F32 is overwritten, rows past off[E] zeroed. offsets [E + 1].
+void grouped_gemm_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets, const Tensor& C);
+// Grouped along K: A [M, K], B [N, K] (batch 1); C [E, M, N] F32 += sum over k in [off[e], off[e+1]) of
+// A(:, k) B(:, k)^T. Group boundaries may fall inside an MX block. offsets [E + 1].
+void grouped_gemm_wgrad_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets,
+                             const Tensor& C);
+
+// Test support: rounds every non-NaN fp32 bit pattern to FP8 both with the quantiser's hardware path (clamp to
+// +-max, cvt.rn.satfinite) and with mxfp8::encode, on the device. Returns how many differ and (in `first`, if
+// given) up to 16 of the differing inputs. Synchronises.
+int64_t cvt_probe_cuda(CudaOps& ops, Format f, std::vector<uint32_t>* first);
+
+}  // namespace mxt::mxfp8

@@ -1,0 +1,44 @@
+#pragma once
+// Host interface of the Hopper grouped expert GEMMs (grouped_gemm_sm90.cu): which implementation the
+// CudaOps::grouped_gemm* calls use, and the launchers they try before the wmma fallback. Host-only: tests and
+// benchmarks include it.
+//
+// Selection: the env var MXTRAIN_GROUPED_GEMM = auto (default) | sm90 | tma | wmma, read once. auto / sm90 /
+// tma use the sm90 kernels wherever they apply (an sm_90 device, sizes and alignments below) and the wmma kernels
+// elsewhere; wmma forces the fallback (A/B tests). Tests and benchmarks can override it in-process.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace mxt {
+struct CudaContext;
+}
+
+namespace mxt::sm90 {
+
+enum class GroupedImpl { Auto, Wmma, Sm90 };
+
+// Overrides MXTRAIN_GROUPED_GEMM for this process (Auto: back to the env var's choice).
+void set_grouped_impl(GroupedImpl impl);
+// The N width of the sm90 block tile: 256 (default; env MXTRAIN_GG_BN) or 128. 0 restores the default.
+void set_grouped_tile_n(int bn);
+// CTAs per cluster: 1 (default; env MXTRAIN_GG_CLUSTER) or 2 (pairs share the A tile through TMA multicast).
+// 0 restores the default.
+void set_grouped_cluster(int ctas);
+// What the last grouped GEMM call of this thread ran: "sm90" or "wmma" (tests assert the path they meant).
+const char* last_grouped_impl();
+void note_grouped_impl(const char* impl);
+
+// Launch the sm90 kernel and return true, or return false (nothing launched) when it does not apply: not
+// selected, not an sm_90 device / binary, E outside [1, 256], in or out not a multiple of 8, operands not
+// 16-byte aligned (dW: 8), or a tensor-map geometry the driver rejects (said once on stderr). Argument
+// meanings as in CudaOps::grouped_gemm* (ops.hpp); offsets stay on the device.
+bool try_grouped_fwd(const __nv_bfloat16* x, const __nv_bfloat16* W, const int32_t* offsets, int64_t E, int64_t R,
+                     int64_t out, int64_t in, __nv_bfloat16* y, CudaContext& ctx);
+bool try_grouped_dgrad(const __nv_bfloat16* dy, const __nv_bfloat16* W, const int32_t* offsets, int64_t E,
+                       int64_t R, int64_t out, int64_t in, __nv_bfloat16* dx, CudaContext& ctx);
+bool try_grouped_wgrad(const __nv_bfloat16* dy, const __nv_bfloat16* x, const int32_t* offsets, int64_t E,
+                       int64_t R, int64_t out, int64_t in, float* dW, CudaContext& ctx);
+
+}  // namespace mxt::sm90

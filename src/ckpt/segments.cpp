@@ -1,0 +1,168 @@
+// Mapping between the trainer's flat buffers and the checkpoint's layout-independent keys: which ranges a
+// rank writes, which it needs, and where they live in its memory.
+//
+// The local expert buffer is parameter-major ([w13 of layer 0: experts first..first+n-1][w2 of layer 0: ...]),
+// an expert's block is expert-major (its slice of every expert tensor in layout order): a flat range maps to
+// runs, one per (tensor, expert), and the runs of one expert that are contiguous in its block merge into one
+// segment.
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+
+#include "ckpt/ckpt_internal.hpp"
+#include "mxtrain/ops.hpp"
+#include "mxtrain/params.hpp"
+
+namespace mxt::ckpt {
+namespace {
+
+Tensor* role_buffer(FlatParams& f, int role) { return role == 0 ? &f.master : role == 1 ? &f.adam_m : &f.adam_v; }
+
+// Flat range [begin, end) of a role's buffer that this rank holds: masters whole, moments as sharded.
+std::pair<int64_t, int64_t> held(const TrainState::Moments& m, int role, int64_t numel) {
+  if (role == 0 || m.count < 0) return {0, numel};
+  return {std::min(m.offset, numel), std::min(m.offset + m.count, numel)};
+}
+int64_t shift_of(const TrainState::Moments& m, int role) { return role == 0 || m.count < 0 ? 0 : m.offset; }
+
+}  // namespace
+
+const char* role_name(int role) {
+  static const char* kRoles[] = {"master", "adam_m", "adam_v"};
+  return kRoles[role];
+}
+
+std::string Segment::name() const {
+  return key + (whole ? "" : "[" + std::to_string(begin) + ":" + std::to_string(end) + "]");
+}
+
+int64_t expert_block_numel(const ParamLayout& layout) {
+  return layout.num_local_experts > 0 ? layout.expert_numel / layout.num_local_experts : 0;
+}
+
+std::vector<Segment> expert_segments(const ParamLayout& layout, int role, char* buf, int64_t shift, int64_t u,
+                                     int64_t v) {
+  const int64_t n = layout.num_local_experts, block = expert_block_numel(layout);
+  std::vector<Segment> by_expert(static_cast<size_t>(n));
+  int64_t in_block = 0;  // offset of this tensor's slice inside an expert's block
+  for (const ParamInfo& p : layout.params) {
+    if (!p.expert) continue;
+    const int64_t per = p.numel / n;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t lo = std::max(u, p.offset + j * per), hi = std::min(v, p.offset + (j + 1) * per);
+      if (lo >= hi) continue;
+      const int64_t b = in_block + (lo - p.offset - j * per);
+      Segment& s = by_expert[j];
+      if (s.pieces.empty()) {
+        s.begin = s.end = b;
+      } else if (s.end != b) {  // cannot happen for one contiguous [u, v); guard the assumption
+        throw CheckpointError("checkpoint: expert block of local expert " + std::to_string(j) +
+                              " is not contiguous over the flat range [" + std::to_string(u) + ", " +
+                              std::to_string(v) + ")");
+      }
+      s.pieces.push_back({buf, lo - shift, hi - lo});
+      s.end = b + (hi - lo);
+    }
+    in_block += per;
+  }
+  std::vector<Segment> out;
+  for (int64_t j = 0; j < n; ++j) {
+    if (by_expert[j].pieces.empty()) continue;
+    Segment s = std::move(by_expert[j]);
+    s.key = "expert." + std::to_string(layout.first_expert + j) + "." + role_name(role);
+    s.whole = s.begin == 0 && s.end == block;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+WritePlan plan_writes(const TrainState& s, int rank, int world) {
+  WritePlan w;
+  const int64_t D = s.layout.dense_numel, N = s.layout.expert_numel;
+  if (s.dense_moments.count >= 0) {
+    std::tie(w.dense_begin, w.dense_end) = held(s.dense_moments, 1, D);
+  } else {
+    w.dense_begin = D * rank / world;
+    w.dense_end = D * (rank + 1) / world;
+  }
+  if (s.expert_moments.count >= 0) {
+    w.expert_flat = true;
+    std::tie(w.expert_begin, w.expert_end) = held(s.expert_moments, 1, N);
+  } else {  // whole experts per replica
+    const int64_t n = s.layout.num_local_experts, r = s.expert_replica, R = std::max(1, s.expert_replicas);
+    w.expert_begin = n * r / R;
+    w.expert_end = n * (r + 1) / R;
+  }
+  return w;
+}
+
+std::vector<Segment> write_segments(const TrainState& s, const WritePlan& w) {
+  std::vector<Segment> segs;
+  for (int role = 0; role < 3; ++role) {
+    if (w.dense_end <= w.dense_begin) break;
+    Segment seg;
+    seg.key = std::string("dense.") + role_name(role);
+    seg.begin = w.dense_begin;
+    seg.end = w.dense_end;
+    seg.whole = seg.begin == 0 && seg.end == s.layout.dense_numel;
+    seg.pieces.push_back({static_cast<char*>(role_buffer(s.dense, role)->data),
+                          w.dense_begin - shift_of(s.dense_moments, role), seg.numel()});
+    segs.push_back(std::move(seg));
+  }
+  for (int role = 0; role < 3; ++role) {
+    char* buf = static_cast<char*>(role_buffer(s.expert, role)->data);
+    const int64_t shift = shift_of(s.expert_moments, role);
+    if (w.expert_flat) {
+      for (Segment& seg : expert_segments(s.layout, role, buf, shift, w.expert_begin, w.expert_end))
+        segs.push_back(std::move(seg));
+      continue;
+    }
+    for (Segment& seg : expert_segments(s.layout, role, buf, shift, 0, s.layout.expert_numel)) {
+      const int64_t j = std::stoll(seg.key.substr(7)) - s.layout.first_expert;  // "expert.<g>.<role>"
+      if (j >= w.expert_begin && j < w.expert_end) segs.push_back(std::move(seg));
+    }
+  }
+  return segs;
+}
+
+std::vector<Segment> read_segments(const TrainState& s) {
+  std::vector<Segment> segs;
+  for (int role = 0; role < 3; ++role) {
+    const auto [b, e] = held(s.dense_moments, role, s.layout.dense_numel);
+    if (e <= b) continue;
+    Segment seg;
+    seg.key = std::string("dense.") + role_name(role);
+    seg.begin = b;
+    seg.end = e;
+    seg.pieces.push_back({static_cast<char*>(role_buffer(s.dense, role)->data), b - shift_of(s.dense_moments, role),
+                          e - b});
+    segs.push_back(std::move(seg));
+  }
+  for (int role = 0; role < 3; ++role) {
+    const auto [u, v] = held(s.expert_moments, role, s.layout.expert_numel);
+    for (Segment& seg : expert_segments(s.layout, role, static_cast<char*>(role_buffer(s.expert, role)->data),
+                                        shift_of(s.expert_moments, role), u, v))
+      segs.push_back(std::move(seg));
+  }
+  return segs;
+}
+
+void snapshot(Ops& ops, std::vector<Segment>& segs) {
+  for (Segment& seg : segs) {
+    seg.host.resize(static_cast<size_t>(seg.numel()));
+    float* dst = seg.host.data();
+    for (const Piece& pc : seg.pieces) {
+      ops.download(dst, pc.base + pc.offset * sizeof(float), static_cast<size_t>(pc.count) * sizeof(float));
+      dst += pc.count;
+    }
+    seg.in_host = true;
+  }
+}
+
+size_t segment_bytes(const std::vector<Segment>& segs) {
+  size_t b = 0;
+  for (const Segment& s : segs) b += static_cast<size_t>(s.numel()) * sizeof(float);
+  return b;
+}
+
+}  // namespace mxt::ckpt

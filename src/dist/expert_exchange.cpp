@@ -1,0 +1,87 @@
+// Expert parallelism's bookkeeping: the receive capacity, and the splits of the token all-to-all derived from
+// the per-expert counts, which is where routing decisions reach the host (one download per MoE layer).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "mxtrain/comm.hpp"
+#include "mxtrain/ops.hpp"
+
+namespace mxt {
+
+// Worst case: every one of a peer's T tokens sends min(k, El) of its k (distinct) experts' rows here.
+int64_t ep_capacity_rows(int64_t tokens, int64_t k, int64_t num_experts, int ep_size, double capacity_factor) {
+  const int64_t local = num_experts / ep_size;
+  const int64_t worst = tokens * std::min(k, local) * ep_size;
+  if (capacity_factor <= 0) return std::max<int64_t>(worst, 1);
+  const double want = std::ceil(capacity_factor * static_cast<double>(tokens * k));
+  return std::max<int64_t>(1, std::min<int64_t>(worst, static_cast<int64_t>(want)));
+}
+
+void plan_ep_splits(const std::vector<int32_t>& my_counts, const std::vector<int32_t>& recv_from, int ep_size,
+                    EpSplits& out) {
+  const int64_t E = static_cast<int64_t>(my_counts.size());
+  if (ep_size < 1 || E % ep_size != 0)
+    throw std::invalid_argument(fmt::format("plan_ep_splits: {} experts over {} EP ranks", E, ep_size));
+  const int64_t El = E / ep_size;
+  if (static_cast<int64_t>(recv_from.size()) != ep_size * El)
+    throw std::invalid_argument(fmt::format("plan_ep_splits: {} received counts, expected {}", recv_from.size(),
+                                            ep_size * El));
+  for (int32_t c : my_counts)
+    if (c < 0) throw std::invalid_argument("plan_ep_splits: negative expert count");
+  for (int32_t c : recv_from)
+    if (c < 0) throw std::invalid_argument("plan_ep_splits: negative received count");
+  out.send_counts.assign(ep_size, 0);
+  out.send_displs.assign(ep_size, 0);
+  out.recv_counts.assign(ep_size, 0);
+  out.recv_displs.assign(ep_size, 0);
+  // My permuted rows are grouped by global expert in ascending order, so peer p's rows (its experts
+  // [p*El, (p+1)*El)) are one contiguous run.
+  int64_t s = 0, r = 0;
+  for (int p = 0; p < ep_size; ++p) {
+    out.send_displs[p] = s;
+    for (int64_t e = 0; e < El; ++e) out.send_counts[p] += my_counts[p * El + e];
+    s += out.send_counts[p];
+    out.recv_displs[p] = r;
+    for (int64_t e = 0; e < El; ++e) out.recv_counts[p] += recv_from[p * El + e];
+    r += out.recv_counts[p];
+  }
+  out.recv_rows = r;
+  // Received rows arrive peer-major (peer p's block ordered by expert); the grouped GEMMs need them
+  // expert-major: for each local expert e, peer 0's rows of e, then peer 1's, ...
+  out.meta.assign(static_cast<size_t>(El + 1 + r), 0);
+  int32_t* off = out.meta.data();
+  int32_t* order = off + El + 1;
+  int64_t q = 0;
+  for (int64_t e = 0; e < El; ++e) {
+    for (int p = 0; p < ep_size; ++p) {
+      int64_t base = out.recv_displs[p];
+      for (int64_t e2 = 0; e2 < e; ++e2) base += recv_from[p * El + e2];
+      for (int32_t i = 0; i < recv_from[p * El + e]; ++i) order[q++] = static_cast<int32_t>(base + i);
+    }
+    off[e + 1] = static_cast<int32_t>(q);
+  }
+}
+
+void exchange_expert_counts(Ops& ops, const Tensor& offsets, int64_t num_experts, const ExpertParallel& ep,
+                            int64_t capacity_rows, EpSplits& out) {
+  const int64_t E = num_experts, El = E / ep.size;
+  std::vector<int32_t> off(static_cast<size_t>(E + 1)), mine(static_cast<size_t>(E)), theirs(static_cast<size_t>(E));
+  ops.download(off.data(), offsets.data, off.size() * sizeof(int32_t));
+  for (int64_t e = 0; e < E; ++e) mine[e] = off[e + 1] - off[e];
+  // Peer p gets my counts of its experts [p*El, (p+1)*El); I get theirs of mine, at [p*El, (p+1)*El).
+  std::vector<int64_t> counts(ep.size, El), displs(ep.size);
+  for (int p = 0; p < ep.size; ++p) displs[p] = p * El;
+  ep.host->all_to_all_v(mine.data(), counts.data(), displs.data(), theirs.data(), counts.data(), displs.data(), 1,
+                        CommType::I32);
+  plan_ep_splits(mine, theirs, ep.size, out);
+  if (out.recv_rows > capacity_rows)
+    throw std::runtime_error(fmt::format(
+        "expert parallelism: EP rank {} receives {} routed rows for its experts, more than its buffers hold ({} "
+        "rows, parallelism.ep_capacity_factor={}); raise parallelism.ep_capacity_factor, or set it to 0 for the "
+        "worst case", ep.rank, out.recv_rows, capacity_rows, ep.capacity_factor));
+}
+
+}  // namespace mxt

@@ -1,0 +1,42 @@
+// ZeRO-1 over the replicas of a flat parameter buffer: gradients are reduce-scattered so each replica owns
+// the summed gradient of one contiguous shard, AdamW updates that shard with moments only that large, and the
+// updated master weights are all-gathered back. The buffer is padded to a multiple of the group size; the
+// padding's gradient is zero, so its weights stay zero.
+#include <stdexcept>
+
+#include "mxtrain/comm.hpp"
+
+namespace mxt {
+
+ParamShard make_param_shard(Comm* comm, int64_t numel) {
+  ParamShard s;
+  s.comm = comm && comm->size() > 1 ? comm : nullptr;
+  const int64_t n = s.comm ? s.comm->size() : 1;
+  s.numel = numel;
+  s.padded = (numel + n - 1) / n * n;
+  s.shard = s.padded / n;
+  s.offset = s.comm ? static_cast<int64_t>(s.comm->rank()) * s.shard : 0;
+  return s;
+}
+
+static void check_buffer(const ParamShard& s, const Tensor& t, const char* fn) {
+  if (t.numel() != s.padded || t.dtype != DType::F32)
+    throw std::invalid_argument(std::string(fn) + ": expected an F32 buffer of " + std::to_string(s.padded) +
+                                " elements, got " + dtype_name(t.dtype) + " " + t.shape_str());
+}
+
+void reduce_scatter_grads(const ParamShard& s, const Tensor& grad) {
+  if (!s.comm) return;
+  check_buffer(s, grad, "reduce_scatter_grads");
+  float* g = static_cast<float*>(grad.data);
+  s.comm->reduce_scatter_sum(g, g + s.offset, s.shard, CommType::F32);
+}
+
+void all_gather_params(const ParamShard& s, const Tensor& master) {
+  if (!s.comm) return;
+  check_buffer(s, master, "all_gather_params");
+  float* m = static_cast<float*>(master.data);
+  s.comm->all_gather(m + s.offset, m, s.shard, CommType::F32);
+}
+
+}  // namespace mxt

@@ -1,0 +1,329 @@
+// Grouped expert GEMM benchmark (one GPU): forward, dgrad and wgrad of both expert projections at the
+// Mixtral-8x7B expert shapes (16,384 routed rows over 8 experts, uneven; hidden 4096, intermediate 14336) and
+// the 8x1B ones (32,768 rows; 2048, 4096), for each implementation beside two cuBLASLt references measured in
+// the same process:
+//   dense   one cuBLASLt GEMM of equal FLOPs and equal output semantics (bf16 out; wgrad: f32 out, beta = 1)
+//   loop    one cuBLASLt GEMM per expert on its rows (counts known on the host: fine for a reference)
+//   sm90    the TMA + wgmma grouped kernels, block tile 128 x 256 and 128 x 128, clusters of 1 and 2 CTAs
+//           (c2: CTA pairs share the A tile through TMA multicast)
+//   wmma    the fallback grouped kernels (fewer runs: slow)
+// Timing: CUDA events around each call on the op stream, after warm-up, median (and min) of --runs runs, each
+// preceded by a 256 MiB memset that evicts L2; operands are random (never zeros) and far larger than L2.
+// Before timing, each sm90 variant's output is checked against the per-expert cuBLASLt output on the device
+// (relative L2 error; wgrad from zeroed dW).
+//
+// Usage: bench_grouped_gemm [--runs N] [--shape 8x7B|8x1B|all] [--no-wmma] [--no-cluster]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda_context.cuh"
+#include "cuda_ops.hpp"
+#include "mxtrain/device_info.hpp"
+#include "sm90_grouped_gemm.cuh"
+
+namespace {
+
+using mxt::DType;
+using mxt::Device;
+using mxt::Tensor;
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// A device buffer owned by the bench.
+struct Buf {
+  mxt::Ops* ops = nullptr;
+  Tensor t;
+  Buf(mxt::Ops& o, DType d, std::initializer_list<int64_t> dims) : ops(&o) {
+    t = Tensor(nullptr, d, dims, Device::CUDA);
+    t.data = o.alloc(t.bytes());
+  }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  ~Buf() { ops->release(t.data); }
+};
+
+// Uniform random bf16 in [-scale, scale), generated in chunks on the host (splitmix64) and uploaded.
+void fill_random(mxt::Ops& ops, const Tensor& t, uint64_t seed, float scale) {
+  const int64_t n = t.numel();
+  const int64_t chunk = 16 << 20;
+  std::vector<uint16_t> h(static_cast<size_t>(std::min(n, chunk)));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t off = 0; off < n; off += chunk) {
+    const int64_t m = std::min(chunk, n - off);
+    for (int64_t i = 0; i < m; i += 4) {
+      s += 0x9E3779B97F4A7C15ull;
+      uint64_t z = s;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      z ^= z >> 31;
+      for (int j = 0; j < 4 && i + j < m; ++j) {
+        const float u = (static_cast<float>((z >> (16 * j)) & 0xFFFF) / 65536.f * 2.f - 1.f) * scale;
+        uint32_t b;
+        std::memcpy(&b, &u, 4);
+        h[i + j] = static_cast<uint16_t>((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+      }
+    }
+    ops.upload(static_cast<uint16_t*>(t.data) + off, h.data(), static_cast<size_t>(m) * 2);
+  }
+}
+
+struct Timing {
+  double median_ms = 0, min_ms = 0;
+};
+
+// Median / min over `runs` timed calls of fn, each after an L2-evicting memset; `warmup` untimed calls first.
+Timing time_it(cudaStream_t st, void* flush, size_t flush_bytes, int warmup, int runs,
+               const std::function<void()>& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<cudaEvent_t> ev(2 * runs);
+  for (auto& e : ev) ck(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < runs; ++i) {
+    ck(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, st), "flush");
+    ck(cudaEventRecord(ev[2 * i], st), "event");
+    fn();
+    ck(cudaEventRecord(ev[2 * i + 1], st), "event");
+  }
+  ck(cudaStreamSynchronize(st), "sync");
+  std::vector<double> ms(runs);
+  for (int i = 0; i < runs; ++i) {
+    float m = 0;
+    ck(cudaEventElapsedTime(&m, ev[2 * i], ev[2 * i + 1]), "elapsed");
+    ms[i] = m;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  return {ms[runs / 2], ms[0]};
+}
+
+struct Shape {
+  const char* name;
+  int64_t rows, hidden, inter;
+  std::vector<double> mult;  // per-expert load multipliers, mean 1 (uneven routing)
+};
+
+std::vector<int32_t> loads_of(const Shape& s) {
+  const int64_t E = static_cast<int64_t>(s.mult.size());
+  std::vector<int32_t> loads(E);
+  int64_t sum = 0;
+  for (int64_t e = 0; e + 1 < E; ++e) {
+    loads[e] = static_cast<int32_t>(std::llround(s.rows / static_cast<double>(E) * s.mult[e]));
+    sum += loads[e];
+  }
+  loads[E - 1] = static_cast<int32_t>(s.rows - sum);
+  return loads;
+}
+
+struct Row {
+  std::string shape, op, impl;
+  Timing t;
+  double tflops = 0, vs_dense = 0, vs_loop = 0;
+  std::string note;
+};
+
+// ||a - b|| / ||b|| on the device (a, b equal shapes); clobbers a.
+double rel_l2_device(mxt::CudaOps& ops, const Tensor& a, const Tensor& b, const Tensor& acc2) {
+  ops.zero(acc2);
+  ops.sum_squares(b, acc2.rows(1, 1));
+  ops.scale(a, -1.f);
+  ops.add(a, b, a);  // a := b - a
+  ops.sum_squares(a, acc2.rows(0, 1));
+  float h[2];
+  ops.download(h, acc2.data, sizeof(h));
+  return std::sqrt(static_cast<double>(h[0]) / std::max(static_cast<double>(h[1]), 1e-30));
+}
+
+void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bool with_cluster, void* flush,
+                 size_t flush_bytes, std::vector<Row>& rows) {
+  const int64_t E = static_cast<int64_t>(s.mult.size()), R = s.rows, d = s.hidden, f = s.inter;
+  const auto loads = loads_of(s);
+  std::vector<int32_t> off(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + loads[e];
+  std::printf("\n%s: %lld rows over %lld experts, loads", s.name, static_cast<long long>(R), static_cast<long long>(E));
+  for (auto l : loads) std::printf(" %d", l);
+  std::printf("\n");
+  cudaStream_t st = ops.ctx().stream;
+
+  Buf OFF(ops, DType::I32, {E + 1});
+  ops.upload(OFF.t.data, off.data(), off.size() * 4);
+  Buf x(ops, DType::BF16, {R, d}), w13(ops, DType::BF16, {E, 2 * f, d}), act(ops, DType::BF16, {R, f});
+  Buf w2(ops, DType::BF16, {E, d, f}), dh13(ops, DType::BF16, {R, 2 * f}), dy(ops, DType::BF16, {R, d});
+  fill_random(ops, x.t, 1, 1.f);
+  fill_random(ops, w13.t, 2, 0.02f);
+  fill_random(ops, act.t, 3, 1.f);
+  fill_random(ops, w2.t, 4, 0.02f);
+  fill_random(ops, dh13.t, 5, 1.f);
+  fill_random(ops, dy.t, 6, 1.f);
+  Buf acc2(ops, DType::F32, {2});
+
+  struct Op {
+    const char* name;
+    int kind;  // 0 forward, 1 dgrad, 2 wgrad
+    const Tensor *in, *W, *x2;  // wgrad: x (the second operand)
+    int64_t out, inn;  // the weight's [out, in]
+  };
+  const Op list[] = {
+      {"fwd  x@W13^T", 0, &x.t, &w13.t, nullptr, 2 * f, d},  {"fwd  a@W2^T", 0, &act.t, &w2.t, nullptr, d, f},
+      {"dgrad dh13@W13", 1, &dh13.t, &w13.t, nullptr, 2 * f, d}, {"dgrad dy@W2", 1, &dy.t, &w2.t, nullptr, d, f},
+      {"wgrad W13", 2, &dh13.t, nullptr, &x.t, 2 * f, d},       {"wgrad W2", 2, &dy.t, nullptr, &act.t, d, f},
+  };
+  for (const Op& op : list) {
+    const double flops = 2.0 * R * op.out * op.inn;
+    // Outputs: y / dx [R, width] bf16 (two: implementation under test and reference); dW [E, out, in] f32.
+    const int64_t width = op.kind == 0 ? op.out : op.inn;
+    std::unique_ptr<Buf> o1, o2;
+    if (op.kind == 2) {
+      o1 = std::unique_ptr<Buf>(new Buf(ops, DType::F32, {E, op.out, op.inn}));
+      o2 = std::unique_ptr<Buf>(new Buf(ops, DType::F32, {E, op.out, op.inn}));
+    } else {
+      o1 = std::unique_ptr<Buf>(new Buf(ops, DType::BF16, {R, width}));
+      o2 = std::unique_ptr<Buf>(new Buf(ops, DType::BF16, {R, width}));
+    }
+    const Tensor& out1 = o1->t;
+    const Tensor& out2 = o2->t;
+    auto expert_w = [&](const Tensor& Wt, int64_t e) {
+      return Tensor(static_cast<uint16_t*>(Wt.data) + e * op.out * op.inn, DType::BF16, {op.out, op.inn},
+                    Device::CUDA);
+    };
+    auto dw_e = [&](const Tensor& dW, int64_t e) {
+      return Tensor(static_cast<float*>(dW.data) + e * op.out * op.inn, DType::F32, {op.out, op.inn}, Device::CUDA);
+    };
+    auto grouped = [&](const Tensor& dst) {
+      if (op.kind == 0) ops.grouped_gemm(*op.in, *op.W, OFF.t, dst);
+      else if (op.kind == 1) ops.grouped_gemm_dgrad(*op.in, *op.W, OFF.t, dst);
+      else ops.grouped_gemm_wgrad(*op.in, *op.x2, OFF.t, dst);
+    };
+    auto loop = [&](const Tensor& dst) {
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t r0 = off[e], n = loads[e];
+        if (n == 0) continue;
+        if (op.kind == 0)
+          ops.gemm(false, true, n, op.out, op.inn, 1.f, op.in->rows(r0, n), expert_w(*op.W, e), 0.f, dst.rows(r0, n));
+        else if (op.kind == 1)
+          ops.gemm(false, false, n, op.inn, op.out, 1.f, op.in->rows(r0, n), expert_w(*op.W, e), 0.f, dst.rows(r0, n));
+        else
+          ops.gemm(true, false, op.out, op.inn, n, 1.f, op.in->rows(r0, n), op.x2->rows(r0, n), 1.f, dw_e(dst, e));
+      }
+    };
+    auto dense = [&](const Tensor& dst) {
+      if (op.kind == 0)
+        ops.gemm(false, true, R, op.out, op.inn, 1.f, *op.in, expert_w(*op.W, 0), 0.f, dst);
+      else if (op.kind == 1)
+        ops.gemm(false, false, R, op.inn, op.out, 1.f, *op.in, expert_w(*op.W, 0), 0.f, dst);
+      else
+        ops.gemm(true, false, op.out, op.inn, R, 1.f, *op.in, *op.x2, 1.f, dw_e(dst, 0));
+    };
+
+    auto add_row = [&](const char* impl, const Timing& t, const std::string& note) {
+      Row r{s.name, op.name, impl, t, flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note};
+      rows.push_back(r);
+    };
+    const size_t first = rows.size();
+    add_row("cublasLt dense", time_it(st, flush, flush_bytes, 3, runs, [&] { dense(out2); }), "");
+    add_row("cublasLt loop", time_it(st, flush, flush_bytes, 3, runs, [&] { loop(out2); }), "");
+
+    for (int cfg = 0; cfg < (with_cluster ? 4 : 2); ++cfg) {
+      const int bn = cfg % 2 ? 128 : 256, cl = cfg < 2 ? 1 : 2;
+      mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
+      mxt::sm90::set_grouped_tile_n(bn);
+      mxt::sm90::set_grouped_cluster(cl);
+      // Correctness first: against the per-expert cuBLASLt result (wgrad from zeroed dW on both sides).
+      ops.zero(out1);
+      ops.zero(out2);
+      grouped(out1);
+      const std::string path = mxt::sm90::last_grouped_impl();
+      loop(out2);
+      const double err = rel_l2_device(ops, out1, out2, acc2.t);
+      char note[96];
+      std::snprintf(note, sizeof(note), "rel L2 vs loop %.2e%s", err, path == "sm90" ? "" : " (FELL BACK to wmma)");
+      const Timing t = time_it(st, flush, flush_bytes, 3, runs, [&] { grouped(out1); });
+      static const char* names[4] = {"sm90 128x256 c1", "sm90 128x128 c1", "sm90 128x256 c2", "sm90 128x128 c2"};
+      add_row(names[cfg], t, note);
+    }
+    if (with_wmma) {
+      mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Wmma);
+      add_row("wmma", time_it(st, flush, flush_bytes, 1, std::max(3, runs / 4), [&] { grouped(out1); }), "");
+    }
+    mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Auto);
+    mxt::sm90::set_grouped_tile_n(0);
+    mxt::sm90::set_grouped_cluster(0);
+    const double dense_tf = rows[first].tflops, loop_tf = rows[first + 1].tflops;
+    for (size_t i = first; i < rows.size(); ++i) {
+      rows[i].vs_dense = rows[i].tflops / dense_tf;
+      rows[i].vs_loop = rows[i].tflops / loop_tf;
+      std::printf("  %-16s %-15s %8.3f ms  %7.1f TFLOP/s  %5.2f x dense  %5.2f x loop  %s\n", op.name,
+                  rows[i].impl.c_str(), rows[i].t.median_ms, rows[i].tflops, rows[i].vs_dense, rows[i].vs_loop,
+                  rows[i].note.c_str());
+      std::fflush(stdout);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int runs = 20;
+  std::string which = "all";
+  bool with_wmma = true, with_cluster = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--runs" && i + 1 < argc) {
+      runs = std::atoi(argv[++i]);
+    } else if (a == "--shape" && i + 1 < argc) {
+      which = argv[++i];
+    } else if (a == "--no-wmma") {
+      with_wmma = false;
+    } else if (a == "--no-cluster") {
+      with_cluster = false;
+    } else {
+      std::fprintf(stderr, "usage: %s [--runs N] [--shape 8x7B|8x1B|all] [--no-wmma] [--no-cluster]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (runs < 1 || (which != "all" && which != "8x7B" && which != "8x1B")) {
+    std::fprintf(stderr, "bench_grouped_gemm: bad --runs %d or --shape %s\n", runs, which.c_str());
+    return 2;
+  }
+  if (mxt::cuda_device_count() == 0) {
+    std::fprintf(stderr, "bench_grouped_gemm: no CUDA device\n");
+    return 1;
+  }
+  try {
+    auto base = mxt::make_cuda_ops();
+    auto& ops = dynamic_cast<mxt::CudaOps&>(*base);
+    cudaDeviceProp prop{};
+    ck(cudaGetDeviceProperties(&prop, ops.ctx().device), "cudaGetDeviceProperties");
+    std::printf("bench_grouped_gemm: %s, sm_%d%d, %d SMs, median of %d runs (L2 flushed before each)\n", prop.name,
+                prop.major, prop.minor, prop.multiProcessorCount, runs);
+    const size_t flush_bytes = 256ull << 20;
+    void* flush = ops.alloc(flush_bytes);
+    const std::vector<double> mult = {1.30, 0.70, 1.15, 0.85, 1.05, 0.95, 1.25, 0.75};
+    const Shape shapes[] = {{"8x7B", 16384, 4096, 14336, mult}, {"8x1B", 32768, 2048, 4096, mult}};
+    std::vector<Row> rows;
+    for (const Shape& s : shapes)
+      if (which == "all" || which == s.name) bench_shape(ops, s, runs, with_wmma, with_cluster, flush, flush_bytes, rows);
+    ops.release(flush);
+
+    std::printf("\n| shape | op | impl | median ms | min ms | TFLOP/s | vs dense cuBLASLt | vs per-expert loop "
+                "| check |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for (const Row& r : rows)
+      std::printf("| %s | %s | %s | %.3f | %.3f | %.1f | %.2f | %.2f | %s |\n", r.shape.c_str(), r.op.c_str(),
+                  r.impl.c_str(), r.t.median_ms, r.t.min_ms, r.tflops, r.vs_dense, r.vs_loop, r.note.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_grouped_gemm: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,32 @@
+# Shared by the tests/mpi/*.sh tests: a tiny model on CPU ranks, mpirun flags, failure reporting.
+# shellcheck shell=bash
+TINY=(backend=cpu config_kwargs.vocab_size=256 config_kwargs.hidden_size=32 config_kwargs.intermediate_size=48
+      config_kwargs.num_attention_heads=4 config_kwargs.num_key_value_heads=2
+      config_kwargs.max_position_embeddings=64 dataset.max_seq_length=32 dataset.stride=8
+      lr_scheduler_kwargs.num_warmup_steps=2 lr_scheduler_kwargs.num_decay_steps=20 logger.frequency=1)
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+# The pid of world rank $2 among the children of mpirun $1 (Open MPI forks local ranks itself).
+rank_pid() {
+  local pid
+  for pid in $(pgrep -P "$1"); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+      echo "$pid"
+      return 0
+    fi
+  done
+  return 1
+}
+# Waits up to $2 seconds for process $1 to end; status 1 if it is still there.
+wait_gone() {
+  local i
+  for ((i = 0; i < $2 * 10; i++)); do
+    kill -0 "$1" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  return 1
+}

@@ -1,0 +1,248 @@
+// Run under mpirun: a dp_size x ep_size job trains a tiny model for N steps on CPU ranks and must match one
+// rank training on the same global batch: losses to 1e-5 relative, gradient norms (before clipping, which is
+// active: max_grad_norm is below every norm) and the final master weights, dense and every expert.
+// Rank 0 trains the single-rank reference first (dp = ep = 1, the same global batch: grad_acc_steps x world,
+// or micro_batch_size x world with --mode batch) and broadcasts what it got.
+//
+//   mpirun -np 4 mxtrain_mpi_check --dp 2 --ep 2 [--steps 10] [--micro 1] [--acc 2] [--mode acc|batch]
+//                                  [--capacity F] [--aux-jitter] [--backend cpu|cuda] [--tol-scale X]
+// Exit status 0 when every check passes on every rank. --backend cuda (one GPU per local rank, NCCL) runs
+// the same comparison on GPU ranks with bf16 tolerances (loss 2e-3, norm 2e-2, weights 2e-3, x tol-scale).
+#include <mpi.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "mxtrain/backend.hpp"
+#include "mxtrain/comm.hpp"
+#include "mxtrain/data.hpp"
+#include "mxtrain/ops.hpp"
+#include "mxtrain/trainer.hpp"
+
+namespace {
+
+struct Args {
+  int dp = 1, ep = 1, steps = 10, micro = 1, acc = 2;
+  std::string mode = "acc";
+  double capacity = 0;
+  bool aux_jitter = false;
+  std::string backend = "cpu";
+  double tol_scale = 1;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "missing value after %s\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--dp") a.dp = std::stoi(val());
+    else if (k == "--ep") a.ep = std::stoi(val());
+    else if (k == "--steps") a.steps = std::stoi(val());
+    else if (k == "--micro") a.micro = std::stoi(val());
+    else if (k == "--acc") a.acc = std::stoi(val());
+    else if (k == "--mode") a.mode = val();
+    else if (k == "--capacity") a.capacity = std::stod(val());
+    else if (k == "--aux-jitter") a.aux_jitter = true;
+    else if (k == "--backend") a.backend = val();
+    else if (k == "--tol-scale") a.tol_scale = std::stod(val());
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  if (a.mode != "acc" && a.mode != "batch") {
+    std::fprintf(stderr, "--mode must be acc or batch\n");
+    std::exit(2);
+  }
+  // Rank r's micro-batch i holds windows r + (i*micro + b) * world: the reference's micro-batch i*world + r
+  // only when micro = 1 (acc mode); with batch mode, micro-batch i of all ranks is the reference's i.
+  if (a.mode == "acc" && a.micro != 1) {
+    std::fprintf(stderr, "--mode acc needs --micro 1 for the same global batch\n");
+    std::exit(2);
+  }
+  return a;
+}
+
+mxt::TrainConfig tiny_config(const Args& a, bool gpu) {
+  mxt::TrainConfig c;
+  c.model.vocab_size = 256;
+  c.model.hidden_size = gpu ? 256 : 32;  // GPU: L0_sanity's width (the CUDA attention takes head_dim 16..128)
+  c.model.intermediate_size = gpu ? 512 : 48;
+  c.model.num_hidden_layers = 2;
+  c.model.num_attention_heads = 4;
+  c.model.num_key_value_heads = 2;
+  c.model.num_local_experts = 4;
+  c.model.num_experts_per_tok = 2;
+  c.model.max_position_embeddings = 256;
+  c.model.rope_theta = 10000;
+  if (a.aux_jitter) {  // jitter and the aux loss only match with one sequence per micro-batch (--mode acc)
+    c.model.router_aux_loss_coef = 0.02;
+    c.model.router_jitter_noise = 0.05;
+  }
+  c.dataset.micro_batch_size = a.micro;
+  c.dataset.max_seq_length = gpu ? 128 : 32;
+  c.dataset.stride = gpu ? 32 : 8;
+  c.num_train_steps = a.steps;
+  c.grad_acc_steps = a.acc;
+  c.adamw.lr = 3e-3;
+  c.lr_scheduler = {2, a.steps, 0.1};
+  c.max_grad_norm = 0.05;  // below the norms of this model: clipping is active on every step (checked)
+  c.parallelism.dp_size = a.dp;
+  c.parallelism.ep_size = a.ep;
+  c.parallelism.timeout_s = 120;
+  c.parallelism.ep_capacity_factor = a.capacity;
+  c.output_dir = (std::filesystem::temp_directory_path() / "mxtrain_mpi_check").string();
+  return c;
+}
+
+struct Run {
+  std::vector<double> loss, norm;
+  std::vector<float> dense, expert;  // final master weights (expert: all experts on the reference)
+};
+
+void bcast(std::vector<double>& v, int n) {
+  v.resize(n);
+  MPI_Bcast(v.data(), n, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+}
+void bcast(std::vector<float>& v) {
+  int64_t n = static_cast<int64_t>(v.size());
+  MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  v.resize(n);
+  MPI_Bcast(v.data(), static_cast<int>(n), MPI_FLOAT, 0, MPI_COMM_WORLD);
+}
+
+double max_abs_diff(const float* a, const float* b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  spdlog::set_level(spdlog::level::warn);
+  const Args a = parse(argc, argv);
+  std::string why;
+  auto ops = mxt::make_backend(a.backend, why, mxt::node_local_rank().local_rank);
+  const bool gpu = ops->device() == mxt::Device::CUDA;
+  const mxt::TrainConfig cfg = tiny_config(a, gpu);
+  const double tol_loss = (gpu ? 2e-3 : 1e-5) * a.tol_scale, tol_norm = (gpu ? 2e-2 : 1e-4) * a.tol_scale,
+               tol_w = (gpu ? 2e-3 : 1e-4) * a.tol_scale;
+  int failures = 0;
+  auto check = [&](bool ok, const std::string& what) {
+    if (!ok) {
+      ++failures;
+      std::fprintf(stderr, "rank %d: FAILED: %s\n", rank, what.c_str());
+    }
+  };
+
+  // The reference: one rank, the same global batch.
+  Run ref;
+  if (rank == 0) {
+    mxt::TrainConfig rc = cfg;
+    rc.parallelism.dp_size = rc.parallelism.ep_size = 1;
+    if (a.mode == "acc") rc.grad_acc_steps *= world;
+    else rc.dataset.micro_batch_size *= world;
+    mxt::Trainer t(rc, *ops, mxt::embedded_corpus_tokens());
+    for (int s = 0; s < a.steps; ++s) {
+      const mxt::StepResult r = t.train_step();
+      ref.loss.push_back(r.loss);
+      ref.norm.push_back(r.grad_norm);
+    }
+    t.master_weights(ref.dense, ref.expert);
+  }
+  bcast(ref.loss, a.steps);
+  bcast(ref.norm, a.steps);
+  bcast(ref.dense);
+  bcast(ref.expert);
+
+  // The distributed run.
+  auto groups = mxt::make_process_groups(cfg.parallelism, *ops);
+  mxt::Trainer t(cfg, *ops, mxt::embedded_corpus_tokens(), groups);
+  const mxt::RankLayout& L = groups->layout;
+  Run got;
+  for (int s = 0; s < a.steps; ++s) {
+    const mxt::StepResult r = t.train_step();
+    got.loss.push_back(r.loss);
+    got.norm.push_back(r.grad_norm);
+  }
+  t.master_weights(got.dense, got.expert);
+
+  // Sharding really happened: AdamW moments are this rank's slice only.
+  if (world > 1)
+    check(t.dense().adam_m.numel() < t.layout().dense_numel, "dense AdamW moments are not sharded");
+  if (L.dp_size > 1)
+    check(t.expert().adam_m.numel() < t.layout().expert_numel, "expert AdamW moments are not sharded");
+  double worst_loss = 0, worst_norm = 0;
+  for (int s = 0; s < a.steps; ++s) {
+    const double rl = std::fabs(got.loss[s] - ref.loss[s]) / std::fabs(ref.loss[s]);
+    const double rn = std::fabs(got.norm[s] - ref.norm[s]) / ref.norm[s];
+    worst_loss = std::max(worst_loss, rl);
+    worst_norm = std::max(worst_norm, rn);
+    check(rl <= tol_loss, "step " + std::to_string(s + 1) + " loss " + std::to_string(got.loss[s]) + " vs " +
+                          std::to_string(ref.loss[s]) + " (one rank)");
+    check(rn <= tol_norm, "step " + std::to_string(s + 1) + " grad norm " + std::to_string(got.norm[s]) + " vs " +
+                          std::to_string(ref.norm[s]));
+    check(ref.norm[s] > cfg.max_grad_norm, "clipping inactive at step " + std::to_string(s + 1));
+  }
+  // Weights: dense in full; this rank's experts against their slice of the reference.
+  const double wd = max_abs_diff(got.dense.data(), ref.dense.data(), t.layout().dense_numel);
+  double we = 0;
+  const mxt::ParamLayout full = mxt::ParamLayout::build(cfg.model, 0, cfg.model.num_local_experts);
+  for (const mxt::ParamInfo& p : t.layout().params) {
+    if (!p.expert) continue;
+    const mxt::ParamInfo& f = full.find(p.name);
+    const int64_t per_expert = p.numel / t.layout().num_local_experts;
+    we = std::max(we, max_abs_diff(got.expert.data() + p.offset,
+                                   ref.expert.data() + f.offset + t.layout().first_expert * per_expert, p.numel));
+  }
+  check(wd <= tol_w, "dense weights differ by " + std::to_string(wd));
+  check(we <= tol_w, "expert weights differ by " + std::to_string(we));
+  // The final export's expert gather: EP rank 0 of the first EP group rebuilds every expert.
+  if (L.dp_rank == 0 && L.ep_size > 1) {
+    mxt::ParamLayout gl;
+    std::vector<float> all;
+    mxt::gather_all_experts(t.layout(), cfg.model, *groups->ep_host, got.expert, gl, all);
+    if (L.ep_rank == 0) {
+      check(gl.expert_numel == full.expert_numel, "gathered expert layout size");
+      if (gl.expert_numel == full.expert_numel)
+        check(max_abs_diff(all.data(), ref.expert.data(), full.expert_numel) <= tol_w, "gathered experts differ");
+    }
+  }
+  int all_failures = 0;
+  MPI_Allreduce(&failures, &all_failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0) {
+    std::printf("dp %d x ep %d (%s mode, micro %d, acc %d, %s) vs one rank, %d steps:\n", L.dp_size, L.ep_size,
+                a.mode.c_str(), a.micro, a.acc, ops->name(), a.steps);
+    std::printf("  step  loss (dist)     loss (1 rank)   grad norm (dist)  grad norm (1 rank)\n");
+    for (int s = 0; s < a.steps; ++s)
+      std::printf("  %4d  %.9f  %.9f  %.9f       %.9f\n", s + 1, got.loss[s], ref.loss[s], got.norm[s], ref.norm[s]);
+    std::printf("  worst relative loss diff %.3g, grad norm %.3g; rank 0 weights max |diff| dense %.3g expert %.3g\n",
+                worst_loss, worst_norm, wd, we);
+    std::printf("  dense AdamW shard %lld of %lld elements, expert shard %lld of %lld\n",
+                static_cast<long long>(t.dense().adam_m.numel()), static_cast<long long>(t.layout().dense_numel),
+                static_cast<long long>(t.expert().adam_m.numel()), static_cast<long long>(t.layout().expert_numel));
+    std::printf("%s\n", all_failures == 0 ? "PASS" : "FAIL");
+  }
+  groups.reset();
+  MPI_Finalize();
+  return all_failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,41 @@
+# Multi-rank tests on CPU ranks under mpirun (included from tests/CMakeLists.txt). Each rank is one process
+# with one BLAS thread; --oversubscribe lets 4 ranks share CI's 2 cores. Label: mpi.
+#   mxtrain_mpi_check       dp x ep training == one rank on the same global batch (tests/mpi/mpi_equivalence.cpp)
+#   mpi_binary_equivalence  the mxtrain binary under mpirun, against one process
+#   mpi_kill_rank / mpi_hang_rank   a rank killed / stopped mid-run ends the job with a message
+add_executable(mxtrain_mpi_check ${CMAKE_CURRENT_SOURCE_DIR}/mpi/mpi_equivalence.cpp)
+target_link_libraries(mxtrain_mpi_check PRIVATE mxtrain_core)
+target_include_directories(mxtrain_mpi_check PRIVATE ${CMAKE_SOURCE_DIR}/src)
+
+set(MXT_MPIRUN ${MPIEXEC_EXECUTABLE})
+if(NOT MXT_MPIRUN)
+  find_program(MXT_MPIRUN NAMES mpirun mpiexec REQUIRED)
+endif()
+set(MXT_MPI_ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1)
+
+function(mxt_mpi_check name np)
+  add_test(NAME ${name} COMMAND ${MXT_MPIRUN} --allow-run-as-root --oversubscribe -np ${np}
+           $<TARGET_FILE:mxtrain_mpi_check> ${ARGN})
+  # RESOURCE_LOCK: one multi-rank test at a time, so oversubscribed ranks do not also compete with each other.
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT "${MXT_MPI_ENV}" TIMEOUT 300 LABELS mpi
+                       RESOURCE_LOCK mpi_ranks PROCESSORS 2)
+endfunction()
+
+mxt_mpi_check(mpi_ep2 2 --dp 1 --ep 2 --acc 2)
+mxt_mpi_check(mpi_dp2 2 --dp 2 --ep 1 --acc 2)
+mxt_mpi_check(mpi_dp2_ep2 4 --dp 2 --ep 2 --acc 1)
+# Two sequences per micro-batch (the reference: micro-batch x 4); the aux loss and router jitter on.
+mxt_mpi_check(mpi_dp2_ep2_batch 4 --dp 2 --ep 2 --acc 1 --micro 2 --mode batch)
+mxt_mpi_check(mpi_ep4_aux_jitter 4 --dp 1 --ep 4 --acc 1 --aux-jitter)
+
+foreach(t binary_equivalence kill_rank hang_rank)
+  set(script ${CMAKE_CURRENT_SOURCE_DIR}/mpi/${t}.sh)
+  set(extra)
+  if(t STREQUAL "hang_rank")
+    set(script ${CMAKE_CURRENT_SOURCE_DIR}/mpi/kill_rank.sh)
+    set(extra hang)
+  endif()
+  add_test(NAME mpi_${t} COMMAND bash ${script} $<TARGET_FILE:mxtrain> ${extra})
+  set_tests_properties(mpi_${t} PROPERTIES ENVIRONMENT "${MXT_MPI_ENV}" TIMEOUT 300 LABELS mpi
+                       RESOURCE_LOCK mpi_ranks PROCESSORS 2)
+endforeach()
