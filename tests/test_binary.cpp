@@ -2,6 +2,8 @@
 // any work; a short run trains, writes metrics and repeats exactly with the same seed.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "binary_test_util.hpp"
 #include <sys/wait.h>
 
 #include <array>
@@ -15,20 +17,8 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-struct RunResult {
-  int exit_code;
-  std::string output;  // stdout + stderr
-};
-
-RunResult run(const std::string& args) {
-  const std::string cmd = std::string(MXTRAIN_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using mxt::testing::RunResult;
+RunResult run(const std::string& args) { return mxt::testing::run_mxtrain(args); }
 
 fs::path temp_dir(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("mxtrain_binary_" + name);

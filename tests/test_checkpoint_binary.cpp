@@ -3,6 +3,8 @@
 // checkpoint of another model shape is a config error naming the key.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "binary_test_util.hpp"
 #include <sys/wait.h>
 
 #include <array>
@@ -19,20 +21,8 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-struct RunResult {
-  int exit_code;
-  std::string output;
-};
-
-RunResult run(const std::string& args) {
-  const std::string cmd = std::string(MXTRAIN_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using mxt::testing::RunResult;
+RunResult run(const std::string& args) { return mxt::testing::run_mxtrain(args); }
 
 const char* kTiny =
     "--config-name L0_sanity parallelism.ep_size=1 backend=cpu config_kwargs.vocab_size=256 "
