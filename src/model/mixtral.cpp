@@ -32,7 +32,7 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
                                 " ranks needs its EP communicators");
   C_ = ep_on ? ep_capacity_rows(T_, k_, E_, ep_.size, ep_.capacity_factor) : R_;
   const int64_t hd = cfg.head_dim(), H = cfg.num_attention_heads, KVH = cfg.num_key_value_heads;
-  ashape_ = {B_, S_, H, KVH, hd};
+  ashape_ = AttnShape{B_, S_, H, KVH, hd, Tensor()};  // doc_ids are set per micro-batch
   aux_on_ = cfg.router_aux_loss_coef > 0;
   const bool jitter = cfg.router_jitter_noise > 0;
 
