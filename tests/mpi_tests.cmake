@@ -3,6 +3,8 @@
 #   mxtrain_mpi_check       dp x ep training == one rank on the same global batch (tests/mpi/mpi_equivalence.cpp)
 #   mpi_binary_equivalence  the mxtrain binary under mpirun, against one process
 #   mpi_kill_rank / mpi_hang_rank   a rank killed / stopped mid-run ends the job with a message
+#   mpi_resume_reshard      stop + resume bit for bit (EP=2, DP=2); a checkpoint saved at EP=2 resumed at EP=1,
+#                           DP=2 and DP=2 x EP=2 (final HF export), and EP=1 -> EP=2, to 1e-5 (about 10 s)
 add_executable(mxtrain_mpi_check ${CMAKE_CURRENT_SOURCE_DIR}/mpi/mpi_equivalence.cpp)
 target_link_libraries(mxtrain_mpi_check PRIVATE mxtrain_core)
 target_include_directories(mxtrain_mpi_check PRIVATE ${CMAKE_SOURCE_DIR}/src)
@@ -28,7 +30,7 @@ mxt_mpi_check(mpi_dp2_ep2 4 --dp 2 --ep 2 --acc 1)
 mxt_mpi_check(mpi_dp2_ep2_batch 4 --dp 2 --ep 2 --acc 1 --micro 2 --mode batch)
 mxt_mpi_check(mpi_ep4_aux_jitter 4 --dp 1 --ep 4 --acc 1 --aux-jitter)
 
-foreach(t binary_equivalence kill_rank hang_rank)
+foreach(t binary_equivalence kill_rank hang_rank resume_reshard)
   set(script ${CMAKE_CURRENT_SOURCE_DIR}/mpi/${t}.sh)
   set(extra)
   if(t STREQUAL "hang_rank")

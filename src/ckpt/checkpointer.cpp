@@ -9,6 +9,7 @@
 // thread.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -39,9 +40,23 @@ int64_t available_host_memory() {
 
 bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 
+double gb(uint64_t bytes) { return static_cast<double>(bytes) / 1e9; }
+double gb_per_s(uint64_t bytes, double s) { return s > 0 ? gb(bytes) / s : 0.0; }
+
+// A committed save over all ranks (rank 0 only): shard file bytes, and the slowest rank's shard write.
+struct SaveStats {
+  uint64_t bytes = 0;
+  double write_s = 0;
+};
+
+void log_async_saved(int64_t step, const SaveStats& st, double stall_s, const std::string& dir) {
+  spdlog::info("checkpoint step {}: {:.3f} GB in {:.2f} s ({:.2f} GB/s) written in the background, step loop "
+               "stalled {:.3f} s -> {}", step, gb(st.bytes), st.write_s, gb_per_s(st.bytes, st.write_s), stall_s, dir);
+}
+
 // Every rank passes "ok:<shard record json>" or "err:<message>"; returns "ok:<dir>" or "err:<messages>" on all.
 std::string commit_all(CkptComm& comm, const TrainConfig& cfg, Manifest m, const std::string& tmp_dir,
-                       const std::string& local) {
+                       const std::string& local, SaveStats* stats = nullptr) {
   const std::vector<std::string> all = comm.gather(local);
   std::string outcome;
   if (comm.rank() == 0) {
@@ -50,12 +65,18 @@ std::string commit_all(CkptComm& comm, const TrainConfig& cfg, Manifest m, const
       if (starts_with(all[r], "err:")) errors += (errors.empty() ? "" : "; ") + all[r].substr(4);
     if (errors.empty()) {
       try {  // whatever fails here, the broadcast below must still happen
-        for (const std::string& rec : all)
-          m.shards.push_back(shard_from_json(nlohmann::json::parse(rec.substr(3)), tmp_dir + " shard record"));
+        SaveStats st;
+        for (const std::string& rec : all) {
+          const nlohmann::json j = nlohmann::json::parse(rec.substr(3));
+          m.shards.push_back(shard_from_json(j, tmp_dir + " shard record"));
+          st.bytes += m.shards.back().bytes;
+          st.write_s = std::max(st.write_s, j.value("write_s", 0.0));
+        }
         check_tiling(m, tmp_dir);  // the ranks' writes together hold everything exactly once
         const std::string dir = commit_dir(cfg.checkpoint.ckpt_dir, tmp_dir, m);
         prune_checkpoints(cfg.checkpoint.ckpt_dir, cfg.checkpoint.max_checkpoints, m.step);
         outcome = "ok:" + dir;
+        if (stats) *stats = st;
       } catch (const std::exception& e) {
         errors = e.what();
       }
@@ -70,7 +91,9 @@ std::string commit_all(CkptComm& comm, const TrainConfig& cfg, Manifest m, const
 }
 
 // This rank's shard: "ok:<record>" or "err:<message>" (never throws, so the commit collective always runs).
+// The record carries write_s, this rank's write time (not part of the manifest).
 std::string write_local(const std::string& tmp_dir, int rank, const std::vector<Segment>& segs, Ops* ops) {
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     const std::string path = tmp_dir + "/" + shard_file_name(rank);
     const int64_t need = static_cast<int64_t>(segment_bytes(segs)) + (int64_t(1) << 20);
@@ -78,7 +101,9 @@ std::string write_local(const std::string& tmp_dir, int rank, const std::vector<
     if (avail >= 0 && avail < need)
       throw CheckpointError("checkpoint file " + path + ": no space left on the device: it needs " +
                             std::to_string(need >> 20) + " MiB, " + std::to_string(avail >> 20) + " MiB are free");
-    return "ok:" + to_json(write_shard(path, rank, segs, ops)).dump();
+    nlohmann::json rec = to_json(write_shard(path, rank, segs, ops));
+    rec["write_s"] = seconds_since(t0);
+    return "ok:" + rec.dump();
   } catch (const std::exception& e) {
     return std::string("err:") + e.what();
   }
@@ -92,7 +117,7 @@ struct Checkpointer::Pending {
   Manifest manifest;
   std::vector<Segment> segs;
   size_t bytes = 0;
-  std::chrono::steady_clock::time_point t0;
+  double stall_s = 0;  // how long save() held up the step loop (snapshot, waiting for the previous save)
   std::thread thread;
 };
 
@@ -115,7 +140,11 @@ void Checkpointer::wait_pending() {
   // Keep the host buffers for the next snapshot: page-faulting GBs of fresh memory is most of its cost.
   spare_.clear();
   for (Segment& seg : p->segs) spare_.push_back(std::move(seg.host));
-  if (p->outcome.empty()) p->outcome = commit_all(*comm_, cfg_, p->manifest, p->tmp_dir, p->local);
+  if (p->outcome.empty()) {  // several ranks: the commit is a collective, so it happens here
+    SaveStats st;
+    p->outcome = commit_all(*comm_, cfg_, p->manifest, p->tmp_dir, p->local, &st);
+    if (comm_->rank() == 0 && starts_with(p->outcome, "ok:")) log_async_saved(p->step, st, p->stall_s, p->outcome.substr(3));
+  }
   if (starts_with(p->outcome, "err:"))
     throw CheckpointError("the asynchronous save of checkpoint step_" + std::to_string(p->step) +
                           " failed: " + p->outcome.substr(4));
@@ -126,12 +155,21 @@ void Checkpointer::after_step(const TrainState& s) {
   if (every > 0 && s.step % every == 0) save(s);
 }
 
-void Checkpointer::finish() { wait_pending(); }
+void Checkpointer::finish() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t step = pending_ ? pending_->step : -1;
+  wait_pending();
+  if (step >= 0 && comm_->rank() == 0)
+    spdlog::info("checkpoint step {}: the end of the run waited {:.3f} s for its background save", step,
+                 seconds_since(t0));
+}
 
 void Checkpointer::save(const TrainState& s) {
-  wait_pending();
-  if (s.step == last_saved_step_) return;  // e.g. the last step was saved already
   const auto t0 = std::chrono::steady_clock::now();
+  const int64_t prev_step = pending_ ? pending_->step : -1;
+  wait_pending();
+  const double wait_s = seconds_since(t0);
+  if (s.step == last_saved_step_) return;  // e.g. the last step was saved already
   const int rank = comm_->rank(), world = comm_->size();
   std::string prep;
   if (rank == 0) {
@@ -150,7 +188,6 @@ void Checkpointer::save(const TrainState& s) {
   p->manifest = describe(cfg_, s, world);
   p->segs = write_segments(s, plan_writes(s, rank, world));
   p->bytes = segment_bytes(p->segs);
-  p->t0 = t0;
 
   bool async = cfg_.checkpoint.async_save;
   const int64_t avail = available_host_memory();
@@ -161,31 +198,37 @@ void Checkpointer::save(const TrainState& s) {
   }
   if (!async) {
     p->local = write_local(p->tmp_dir, rank, p->segs, &s.ops);
-    const std::string outcome = commit_all(*comm_, cfg_, p->manifest, p->tmp_dir, p->local);
+    SaveStats st;
+    const std::string outcome = commit_all(*comm_, cfg_, p->manifest, p->tmp_dir, p->local, &st);
     if (starts_with(outcome, "err:")) throw CheckpointError(outcome.substr(4));
     last_saved_step_ = s.step;
+    const double total_s = seconds_since(t0);
     if (rank == 0)
-      spdlog::info("checkpoint {} saved ({:.1f} MiB per rank, {:.2f} s)", outcome.substr(3), p->bytes / 1048576.0,
-                   seconds_since(t0));
+      spdlog::info("checkpoint step {}: {:.3f} GB in {:.2f} s ({:.2f} GB/s), step loop stalled {:.2f} s (synchronous "
+                   "save; slowest shard write {:.2f} s) -> {}", s.step, gb(st.bytes), total_s,
+                   gb_per_s(st.bytes, total_s), total_s, st.write_s, outcome.substr(3));
     return;
   }
   for (size_t i = 0; i < p->segs.size() && i < spare_.size(); ++i)
     if (static_cast<int64_t>(spare_[i].size()) == p->segs[i].numel()) p->segs[i].host = std::move(spare_[i]);
   spare_.clear();
+  const auto t_snap = std::chrono::steady_clock::now();
   snapshot(s.ops, p->segs);
+  const double snap_s = seconds_since(t_snap);
+  p->stall_s = seconds_since(t0);
   if (rank == 0)
-    spdlog::info("checkpoint step_{}: state copied to host in {:.3f} s, writing in the background", s.step,
-                 seconds_since(t0));
+    spdlog::info("checkpoint step {}: step loop stalled {:.3f} s (snapshot of {:.3f} GB to host {:.3f} s{}), "
+                 "writing in the background", s.step, p->stall_s, gb(p->bytes), snap_s,
+                 prev_step >= 0 ? fmt::format(", waiting for step {}'s save {:.3f} s", prev_step, wait_s) : "");
   Pending* raw = p.get();
   const bool commit_here = world == 1;
   raw->thread = std::thread([raw, rank, commit_here, cfg = cfg_] {
     raw->local = write_local(raw->tmp_dir, rank, raw->segs, nullptr);
     if (commit_here) {
       CkptComm one;
-      raw->outcome = commit_all(one, cfg, raw->manifest, raw->tmp_dir, raw->local);
-      if (starts_with(raw->outcome, "ok:"))
-        spdlog::info("checkpoint {} saved in the background ({:.1f} MiB, {:.2f} s)", raw->outcome.substr(3),
-                     raw->bytes / 1048576.0, seconds_since(raw->t0));
+      SaveStats st;
+      raw->outcome = commit_all(one, cfg, raw->manifest, raw->tmp_dir, raw->local, &st);
+      if (starts_with(raw->outcome, "ok:")) log_async_saved(raw->step, st, raw->stall_s, raw->outcome.substr(3));
     }
   });
   pending_ = std::move(p);
@@ -225,9 +268,20 @@ int64_t Checkpointer::resume(const TrainState& s) {
       if (rank == 0) spdlog::warn("checkpoint {} is unusable; falling back to the previous complete checkpoint", dir);
       continue;
     }
+    // Over all ranks: the state bytes loaded, the slowest rank's load time.
+    const double load_s = seconds_since(t0);
+    const std::vector<std::string> loads =
+        comm_->gather(std::to_string(segment_bytes(read_segments(s))) + " " + std::to_string(load_s));
     if (rank == 0) {
       const Manifest m = read_manifest(dir);
-      spdlog::info("resumed from checkpoint {} at step {} (loaded in {:.2f} s)", dir, m.step, seconds_since(t0));
+      uint64_t bytes = 0;
+      double slowest = 0;
+      for (const std::string& l : loads) {
+        bytes += std::stoull(l);
+        slowest = std::max(slowest, std::stod(l.substr(l.find(' ') + 1)));
+      }
+      spdlog::info("resumed from checkpoint {} at step {}: loaded {:.3f} GB in {:.2f} s ({:.2f} GB/s)", dir, m.step,
+                   gb(bytes), slowest, gb_per_s(bytes, slowest));
       if (m.world_size != comm_->size() || m.dp_size != cfg_.parallelism.dp_size ||
           m.ep_size != cfg_.parallelism.ep_size)
         spdlog::info("resharded: saved on {} ranks (dp {}, ep {}), resumed on {} ranks (dp {}, ep {})", m.world_size,
