@@ -12,6 +12,8 @@
 //   router_*, broadcast  F32 (logits, probs, topk_w, grads), I32 indices
 //   moe_plan, perm       I32; moe_permute / unpermute BF16 rows (sums in fp32); *_weights F32
 //   grouped_gemm         x, W BF16 -> y BF16; dgrad BF16; wgrad dW F32 (accumulate)
+//   mx_*                 quantise BF16 (or F32) x; GEMM C BF16 (or F32); wgrad C F32 (accumulate); I32 offsets
+//                        on the device (kernels/mxfp8_cuda.hpp does the work)
 //   swiglu               h13, a, da, dh13 BF16; wp, dwp F32
 //   lm_head_loss         h, W, dh BF16; labels I32; loss_sum F32; dW F32 (accumulate)
 //   adamw_step           all F32
@@ -86,6 +88,12 @@ class CudaOps : public Ops {
   void grouped_gemm(const Tensor& x, const Tensor& W, const Tensor& offsets, const Tensor& y) override;
   void grouped_gemm_dgrad(const Tensor& dy, const Tensor& W, const Tensor& offsets, const Tensor& dx) override;
   void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& dW) override;
+
+  void mx_quantize(const Tensor& x, const mxfp8::MxView* rowwise, const mxfp8::MxView* colwise) override;
+  void mx_grouped_gemm(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,
+                       const Tensor& C) override;
+  void mx_grouped_gemm_wgrad(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,
+                             const Tensor& C) override;
 
   void swiglu_forward(const Tensor& h13, const Tensor& wp, const Tensor& a) override;
   void swiglu_backward(const Tensor& da, const Tensor& h13, const Tensor& wp, const Tensor& dh13,

@@ -76,6 +76,7 @@ struct Fp8Config {
   bool enabled = false;
   std::string fp8_recipe = "MXFP8BlockScaling";
   std::string fp8_format = "E4M3";
+  bool keep_attention_bf16 = false;  // with enabled: QKV / O projections stay bf16 (experts still MXFP8)
 };
 
 struct CheckpointConfig {

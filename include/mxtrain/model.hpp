@@ -8,10 +8,14 @@
 #include "mxtrain/arena.hpp"
 #include "mxtrain/comm.hpp"
 #include "mxtrain/config.hpp"
+#include "mxtrain/mx_buffers.hpp"
 #include "mxtrain/ops.hpp"
 #include "mxtrain/params.hpp"
 
 namespace mxt {
+
+struct MxExpertRun;  // src/model/mx_experts.hpp
+struct MxDense;      // src/model/mx_linear.hpp
 
 // What one layer's forward keeps for its backward.                      (T tokens, R = T*k routed rows)
 // C: rows this rank's experts can receive (R without expert parallelism; ep_capacity_rows with it).
@@ -31,6 +35,15 @@ struct LayerActs {
                                 //   else aliases of xp, wp)
   Tensor ep_meta;               // (El+1+C) I32, EP only: local expert offsets, then the reorder (EpSplits::meta)
   Tensor h13, act;              // (C, 2f), (C, f)
+  // fp8_config.enabled: xe and act are shared scratch (Scratch::mx_xe, mx_act) and the wgrads read these
+  // columnwise MXFP8 copies instead, written by the forward (Cx = C rounded up to 32 rows).
+  MxBuf xe_col, act_col;        // (Cx x d), (Cx x f) codes + scales
+};
+
+// A layer's weights quantised for MXFP8 (E4M3, rowwise + columnwise), once per optimizer step.
+struct LayerMxWeights {
+  MxWeight wq, wk, wv, wo;      // only without fp8_config.keep_attention_bf16
+  MxExpertWeights experts;
 };
 
 // Backward scratch, reused by every layer (layers run backward one at a time).
@@ -48,6 +61,10 @@ struct Scratch {
   Tensor ep_rows, ep_w;         // (C, d), (C) EP only: rows / weights in the all-to-all's peer-major order
   Tensor dye, dxe, dwe;         // (C, d), (C, d), (C) EP only (else aliases of dyp, dxp, dwp)
   Tensor aux_prob_sum, aux_count, aux_coef;  // (E)
+  // fp8_config.enabled
+  Tensor mx_xe, mx_act;         // (Cx, d), (Cx, f): the experts' input and activation, not kept per layer
+  MxBuf mx_a, mx_b, mx_c;       // MXFP8 scratch copies (a, b: Cx x max(d, 2f) or T x d; c: T x d)
+  Tensor mx_dense_offsets;      // (2) I32 {0, T}: a dense linear is a one-group grouped GEMM
 };
 
 struct MicroBatch {  // device tensors
@@ -61,7 +78,7 @@ class MixtralModel {
   // ep: the expert-parallel group (layout must hold experts [ep.rank * E/ep.size, ...)); its comms may be
   // null when allocate=false.
   MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch, int64_t seq, const ParamLayout& layout,
-               bool allocate = true, const ExpertParallel& ep = {});
+               bool allocate = true, const ExpertParallel& ep = {}, const Fp8Config& fp8 = {});
 
   // Point the model at its weights and gradient buffers (flat, laid out by the ParamLayout).
   void bind(const Tensor& dense_w, const Tensor& expert_w, const Tensor& dense_g, const Tensor& expert_g);
@@ -73,6 +90,10 @@ class MixtralModel {
                           bool compute_grad, uint64_t jitter_seed);
 
   const Arena& arena() const { return arena_; }
+  // fp8_config.enabled: the MXFP8 weight copies (planned like the activations, allocated with the model).
+  const Arena& mx_weight_arena() const { return mx_weights_arena_; }
+  // The weights changed (optimizer step, checkpoint load, init): the next forward re-quantises them.
+  void invalidate_fp8_weights() { mx_stale_ = true; }
   const Tensor& final_hidden() const { return ln_final_; }  // (T, d) after the final norm, for logits dumps
   int64_t tokens() const { return T_; }
 
@@ -87,12 +108,23 @@ class MixtralModel {
   void moe_dispatch_grad(int l);   // s_.dyp -> s_.dye
   void moe_combine_grad(int l);    // s_.dxe, s_.dwe -> s_.dxp, s_.dwp
   double aux_loss_forward();       // after all layers: aux loss and per-expert gradient coefficients
+  // MXFP8 (model_fp8.cpp)
+  void plan_fp8();                 // the MXFP8 buffers, in arena_ and mx_weights_arena_
+  void quantize_fp8_weights();     // every MXFP8 weight copy from the working weights
+  MxExpertRun mx_run(int l, int64_t n, const Tensor& offsets) const;
+  MxDense mx_dense() const;
 
   ModelConfig cfg_;
   Ops& ops_;
   int64_t B_, S_, T_, R_, E_, k_, d_, f_;
   ExpertParallel ep_;
   int64_t El_ = 0, C_ = 0;         // local experts, expert-side rows (capacity)
+  Fp8Config fp8_;
+  bool mx_ = false, mx_attn_ = false;  // expert GEMMs / attention projections in MXFP8
+  mxfp8::Format mx_fwd_ = mxfp8::Format::E4M3, mx_grad_ = mxfp8::Format::E4M3;
+  int64_t Cx_ = 0;                 // C rounded up to 32 with MXFP8 (the columnwise copies block tokens), else C
+  std::vector<LayerMxWeights> mxw_;
+  bool mx_stale_ = true;
   std::vector<EpSplits> ep_splits_;  // per layer, host: the last forward's splits, reused by the backward
   AttnShape ashape_;
   ParamLayout layout_;
@@ -104,6 +136,7 @@ class MixtralModel {
   bool aux_on_ = false;
   float aux_grad_scale_ = 0.f;
   Arena arena_;
+  Arena mx_weights_arena_;
 };
 
 }  // namespace mxt

@@ -17,6 +17,10 @@
 
 namespace mxt {
 
+namespace mxfp8 {
+struct MxView;  // mxtrain/mxfp8.hpp
+}
+
 struct AttnShape {
   int64_t batch = 0, seq = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
   Tensor doc_ids;  // (T) I32 document of each token for packed rows; empty: plain causal
@@ -131,6 +135,20 @@ class Ops {
   // dW[e] += dy_e^T @ x_e                          dW [E,out,in] (accumulate)
   virtual void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                   const Tensor& dW) = 0;
+
+  // ---- MXFP8 (fp8_config.enabled; formats, layouts and operand directions: mxtrain/mxfp8.hpp) ----------
+  // Quantises x ([rows, cols] or [batch, rows, cols], act dtype) into the rowwise and / or columnwise copy
+  // (views of x's shape on this backend's device; either may be null, not both) in one pass over x.
+  virtual void mx_quantize(const Tensor& x, const mxfp8::MxView* rowwise, const mxfp8::MxView* colwise) = 0;
+  // Grouped along M (forward, dgrad; a dense linear is one group with offsets {0, rows}): A [M, K] (batch 1)
+  // and B [E][N, K] K-major; rows m in [offsets[e], offsets[e+1]) use B's group e. C [M, N] act dtype
+  // (overwrite; rows past offsets[E] zeroed).
+  virtual void mx_grouped_gemm(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,
+                               const Tensor& C) = 0;
+  // Grouped along K (wgrad): A [M, K], B [N, K] (batch 1); C [E, M, N] F32 += the sum over k in
+  // [offsets[e], offsets[e+1]) of A(:, k) B(:, k)^T. Group boundaries may fall inside a 32-block.
+  virtual void mx_grouped_gemm_wgrad(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,
+                                     const Tensor& C) = 0;
 
   // ---- SwiGLU x routing weight --------------------------------------------------------------------
   // h13 [R,2f] = [gate | up]; a[r,i] = silu(gate[r,i]) * up[r,i] * wp[r]   a [R,f] (overwrite)

@@ -86,6 +86,7 @@ class Trainer {
 struct MemoryPlan {
   int64_t dense_params = 0, expert_params = 0;
   size_t param_bytes = 0, activation_bytes = 0;
+  size_t fp8_weight_bytes = 0;  // fp8_config.enabled: the MXFP8 weight copies (quantised once per step)
   size_t scratch_bytes = 0;  // the ops' own temporaries (LM-head logits chunk) and the step's small buffers
   std::vector<std::pair<std::string, size_t>> largest;  // biggest activation buffers
 };

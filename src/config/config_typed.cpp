@@ -247,6 +247,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.fp8.enabled = r.b("fp8_config.enabled");
   c.fp8.fp8_recipe = r.s("fp8_config.fp8_recipe");
   c.fp8.fp8_format = r.s("fp8_config.fp8_format");
+  c.fp8.keep_attention_bf16 = r.b("fp8_config.keep_attention_bf16");
   CheckpointConfig& k = c.checkpoint;
   k.ckpt_dir = r.s("checkpoint.ckpt_dir");
   k.save_every_n_steps = r.i("checkpoint.save_every_n_steps");
@@ -257,6 +258,24 @@ void read_rest(const Reader& r, TrainConfig& c) {
   k.async_save = r.b("checkpoint.async_save");
   c.logger.frequency = r.i("logger.frequency");
   c.logger.metrics_file = r.s("logger.metrics_file");
+}
+
+// MXFP8 blocks 32 values along every GEMM's contraction dim: the widths, and (for the attention projections'
+// wgrad, which contracts over tokens) the tokens of a micro-batch. Expert token counts are padded instead.
+void check_fp8_shapes(const TrainConfig& c) {
+  auto mult32 = [](int64_t v, const std::string& what) {
+    require(v % 32 == 0, fmt::format("fp8_config.enabled=true needs {} ({}) to be a multiple of 32 (MXFP8 blocks "
+                                     "of 32 along each GEMM's contraction dim)", what, v));
+  };
+  const ModelConfig& m = c.model;
+  mult32(m.hidden_size, "config_kwargs.hidden_size");
+  mult32(m.intermediate_size, "config_kwargs.intermediate_size");
+  if (c.fp8.keep_attention_bf16) return;
+  mult32(m.num_key_value_heads * m.head_dim(),
+         "config_kwargs.num_key_value_heads x head_dim (the K/V projection width)");
+  mult32(c.dataset.micro_batch_size * c.dataset.max_seq_length,
+         "dataset.micro_batch_size x dataset.max_seq_length (tokens per micro-batch; or set "
+         "fp8_config.keep_attention_bf16=true)");
 }
 
 void check_rest(TrainConfig& c) {
@@ -276,6 +295,7 @@ void check_rest(TrainConfig& c) {
   if (c.fp8.fp8_recipe.rfind(te_prefix, 0) == 0) c.fp8.fp8_recipe.erase(0, te_prefix.size());
   require_one_of(c.fp8.fp8_recipe, {"MXFP8BlockScaling"}, "fp8_config.fp8_recipe");
   require_one_of(c.fp8.fp8_format, {"E4M3", "HYBRID"}, "fp8_config.fp8_format");
+  if (c.fp8.enabled) check_fp8_shapes(c);
   require_non_negative(static_cast<double>(c.checkpoint.save_every_n_steps), "checkpoint.save_every_n_steps");
   require_non_negative(static_cast<double>(c.checkpoint.max_checkpoints), "checkpoint.max_checkpoints");
   require_positive(c.logger.frequency, "logger.frequency");

@@ -62,6 +62,12 @@ class CpuOps : public Ops {
   void grouped_gemm_dgrad(const Tensor& dy, const Tensor& W, const Tensor& offsets, const Tensor& dx) override;
   void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& dW) override;
 
+  void mx_quantize(const Tensor& x, const mxfp8::MxView* rowwise, const mxfp8::MxView* colwise) override;
+  void mx_grouped_gemm(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,
+                       const Tensor& C) override;
+  void mx_grouped_gemm_wgrad(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,
+                             const Tensor& C) override;
+
   void swiglu_forward(const Tensor& h13, const Tensor& wp, const Tensor& a) override;
   void swiglu_backward(const Tensor& da, const Tensor& h13, const Tensor& wp, const Tensor& dh13,
                        const Tensor& dwp) override;

@@ -1,5 +1,6 @@
 // RMSNorm -> QKV -> RoPE -> causal GQA attention -> O projection -> residual, and its backward.
 #include "linear.hpp"
+#include "model/mx_linear.hpp"
 #include "mxtrain/model.hpp"
 
 namespace mxt {
@@ -9,9 +10,17 @@ void MixtralModel::attention_forward(int l) {
   const LayerTensors& w = w_.layers[l];
   const float theta = static_cast<float>(cfg_.rope_theta);
   ops_.rmsnorm_forward(a.x_in, w.ln1, static_cast<float>(cfg_.rms_norm_eps), a.ln1, a.rstd1);
-  linear_forward(ops_, a.ln1, w.wq, a.q);
-  linear_forward(ops_, a.ln1, w.wk, a.k);
-  linear_forward(ops_, a.ln1, w.wv, a.v);
+  if (mx_attn_) {  // MXFP8: ln1 quantised once for the three projections
+    const MxDense m = mx_dense();
+    const mxfp8::MxView x = mx_dense_rowwise(ops_, m, a.ln1, m.a);
+    mx_linear_forward(ops_, m, x, mxw_[l].wq, a.q);
+    mx_linear_forward(ops_, m, x, mxw_[l].wk, a.k);
+    mx_linear_forward(ops_, m, x, mxw_[l].wv, a.v);
+  } else {
+    linear_forward(ops_, a.ln1, w.wq, a.q);
+    linear_forward(ops_, a.ln1, w.wk, a.k);
+    linear_forward(ops_, a.ln1, w.wv, a.v);
+  }
   const int64_t hd = ashape_.head_dim;
   ops_.rope_forward(a.q.view({T_, ashape_.n_heads, hd}), mb_->pos, theta);
   ops_.rope_forward(a.k.view({T_, ashape_.n_kv_heads, hd}), mb_->pos, theta);
@@ -19,7 +28,12 @@ void MixtralModel::attention_forward(int l) {
   shape.doc_ids = mb_->doc_ids;  // packed rows: no attention across documents
   ops_.attention_forward(shape, a.q.view({T_, ashape_.n_heads, hd}), a.k.view({T_, ashape_.n_kv_heads, hd}),
                          a.v.view({T_, ashape_.n_kv_heads, hd}), a.attn.view({T_, ashape_.n_heads, hd}), a.lse);
-  linear_forward(ops_, a.attn, w.wo, s_.tmp);
+  if (mx_attn_) {
+    const MxDense m = mx_dense();
+    mx_linear_forward(ops_, m, mx_dense_rowwise(ops_, m, a.attn, m.a), mxw_[l].wo, s_.tmp);
+  } else {
+    linear_forward(ops_, a.attn, w.wo, s_.tmp);
+  }
   ops_.add(a.x_in, s_.tmp, a.x_mid);
 }
 
@@ -30,8 +44,16 @@ void MixtralModel::attention_backward(int l) {
   const int64_t hd = ashape_.head_dim, H = ashape_.n_heads, KVH = ashape_.n_kv_heads;
   const float theta = static_cast<float>(cfg_.rope_theta);
   // s_.dx holds dL/dx_mid, which flows both into the residual (x_in) and the O projection.
-  linear_dgrad(ops_, s_.dx, w.wo, s_.dattn, false);
-  linear_wgrad(ops_, s_.dx, a.attn, g.wo);
+  // MXFP8: the wgrads' columnwise copies of attn / ln1 are made here from the bf16 tensors the backward keeps
+  // anyway (the same bits the forward would have made), in scratch c.
+  if (mx_attn_) {
+    const MxDense m = mx_dense();
+    mx_linear_backward(ops_, m, s_.dx, mxw_[l].wo, mx_dense_colwise(ops_, m, a.attn, s_.mx_c), s_.dattn, Tensor(),
+                       g.wo);
+  } else {
+    linear_dgrad(ops_, s_.dx, w.wo, s_.dattn, false);
+    linear_wgrad(ops_, s_.dx, a.attn, g.wo);
+  }
   AttnShape shape = ashape_;
   shape.doc_ids = mb_->doc_ids;
   ops_.attention_backward(shape, s_.dattn.view({T_, H, hd}), a.q.view({T_, H, hd}), a.k.view({T_, KVH, hd}),
@@ -39,12 +61,20 @@ void MixtralModel::attention_backward(int l) {
                           s_.dk.view({T_, KVH, hd}), s_.dv.view({T_, KVH, hd}));
   ops_.rope_backward(s_.dq.view({T_, H, hd}), mb_->pos, theta);
   ops_.rope_backward(s_.dk.view({T_, KVH, hd}), mb_->pos, theta);
-  linear_dgrad(ops_, s_.dq, w.wq, s_.dtmp, false);
-  linear_dgrad(ops_, s_.dk, w.wk, s_.dtmp, true);
-  linear_dgrad(ops_, s_.dv, w.wv, s_.dtmp, true);
-  linear_wgrad(ops_, s_.dq, a.ln1, g.wq);
-  linear_wgrad(ops_, s_.dk, a.ln1, g.wk);
-  linear_wgrad(ops_, s_.dv, a.ln1, g.wv);
+  if (mx_attn_) {  // dtmp = dq Wq + dk Wk + dv Wv (the last two through tmp, free until the norm below)
+    const MxDense m = mx_dense();
+    const mxfp8::MxView x = mx_dense_colwise(ops_, m, a.ln1, s_.mx_c);
+    mx_linear_backward(ops_, m, s_.dq, mxw_[l].wq, x, s_.dtmp, Tensor(), g.wq);
+    mx_linear_backward(ops_, m, s_.dk, mxw_[l].wk, x, s_.dtmp, s_.tmp, g.wk);
+    mx_linear_backward(ops_, m, s_.dv, mxw_[l].wv, x, s_.dtmp, s_.tmp, g.wv);
+  } else {
+    linear_dgrad(ops_, s_.dq, w.wq, s_.dtmp, false);
+    linear_dgrad(ops_, s_.dk, w.wk, s_.dtmp, true);
+    linear_dgrad(ops_, s_.dv, w.wv, s_.dtmp, true);
+    linear_wgrad(ops_, s_.dq, a.ln1, g.wq);
+    linear_wgrad(ops_, s_.dk, a.ln1, g.wk);
+    linear_wgrad(ops_, s_.dv, a.ln1, g.wv);
+  }
   // dtmp is dL/d(ln1); reuse tmp for dL/dx_in through the norm, then add the residual path.
   ops_.rmsnorm_backward(s_.dtmp, a.x_in, w.ln1, a.rstd1, s_.tmp, g.ln1);
   ops_.add(s_.dx, s_.tmp, s_.dx);

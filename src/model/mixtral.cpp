@@ -8,8 +8,8 @@
 namespace mxt {
 
 MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch, int64_t seq,
-                           const ParamLayout& layout, bool allocate, const ExpertParallel& ep)
-    : cfg_(cfg), ops_(ops), B_(micro_batch), S_(seq), ep_(ep), layout_(layout) {
+                           const ParamLayout& layout, bool allocate, const ExpertParallel& ep, const Fp8Config& fp8)
+    : cfg_(cfg), ops_(ops), B_(micro_batch), S_(seq), ep_(ep), fp8_(fp8), layout_(layout) {
   T_ = B_ * S_;
   k_ = cfg.num_experts_per_tok;
   E_ = cfg.num_local_experts;
@@ -31,6 +31,9 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
     throw std::invalid_argument("MixtralModel: expert parallelism over " + std::to_string(ep_.size) +
                                 " ranks needs its EP communicators");
   C_ = ep_on ? ep_capacity_rows(T_, k_, E_, ep_.size, ep_.capacity_factor) : R_;
+  mx_ = fp8.enabled;
+  mx_attn_ = mx_ && !fp8.keep_attention_bf16;
+  Cx_ = mx_ ? (C_ + 31) / 32 * 32 : C_;
   const int64_t hd = cfg.head_dim(), H = cfg.num_attention_heads, KVH = cfg.num_key_value_heads;
   ashape_ = AttnShape{B_, S_, H, KVH, hd, Tensor()};  // doc_ids are set per micro-batch
   aux_on_ = cfg.router_aux_loss_coef > 0;
@@ -61,16 +64,17 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
     arena_.add(a.topk_w, p + "topk_w", F, {T_, k_});
     arena_.add(a.offsets, p + "expert_offsets", I, {E_ + 1});
     arena_.add(a.perm, p + "perm", I, {R_});
+    // MXFP8: xe and act are scratch (plan_fp8); the layer keeps their columnwise copies instead.
     if (ep_on) {  // xp / wp are only the dispatch's send buffers: one shared scratch (below)
-      arena_.add(a.xe, p + "expert_in", A, {C_, d_});
+      if (!mx_) arena_.add(a.xe, p + "expert_in", A, {C_, d_});
       arena_.add(a.we, p + "expert_weight", F, {C_});
       arena_.add(a.ep_meta, p + "ep_meta", I, {El_ + 1 + C_});
     } else {
-      arena_.add(a.xp, p + "expert_in", A, {R_, d_});
+      if (!mx_) arena_.add(a.xp, p + "expert_in", A, {R_, d_});
       arena_.add(a.wp, p + "expert_weight", F, {R_});
     }
     arena_.add(a.h13, p + "expert_h13", A, {C_, 2 * f_});
-    arena_.add(a.act, p + "expert_act", A, {C_, f_});
+    if (!mx_) arena_.add(a.act, p + "expert_act", A, {C_, f_});
   }
   arena_.add(x_final_, "x_final", A, {T_, d_});
   arena_.add(ln_final_, "ln_final", A, {T_, d_});
@@ -89,9 +93,9 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   if (jitter) arena_.add(s_.noise_f32, "scratch.jitter_noise_f32", F, {T_, d_});
   arena_.add(s_.dtopk_w, "scratch.dtopk_w", F, {R_});
   arena_.add(s_.yp, "scratch.expert_out", A, {R_, d_});
-  arena_.add(s_.dyp, "scratch.dexpert_out", A, {R_, d_});
+  arena_.add(s_.dyp, "scratch.dexpert_out", A, {ep_on ? R_ : Cx_, d_});  // without EP: also dye
   arena_.add(s_.dact, "scratch.dexpert_act", A, {C_, f_});
-  arena_.add(s_.dh13, "scratch.dexpert_h13", A, {C_, 2 * f_});
+  arena_.add(s_.dh13, "scratch.dexpert_h13", A, {Cx_, 2 * f_});
   arena_.add(s_.dxp, "scratch.dexpert_in", A, {R_, d_});
   arena_.add(s_.dwp, "scratch.dexpert_weight", F, {R_});
   if (ep_on) {
@@ -99,7 +103,7 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
     arena_.add(s_.wp_send, "scratch.ep_send_weights", F, {R_});
     arena_.add(s_.ep_rows, "scratch.ep_rows", A, {C_, d_});
     arena_.add(s_.ep_w, "scratch.ep_weights", F, {C_});
-    arena_.add(s_.dye, "scratch.dexpert_out_local", A, {C_, d_});
+    arena_.add(s_.dye, "scratch.dexpert_out_local", A, {Cx_, d_});
     arena_.add(s_.dxe, "scratch.dexpert_in_local", A, {C_, d_});
     arena_.add(s_.dwe, "scratch.dexpert_weight_local", F, {C_});
   }
@@ -109,12 +113,25 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
     arena_.add(s_.aux_count, "scratch.aux_count", F, {E_});
     arena_.add(s_.aux_coef, "scratch.aux_coef", F, {E_});
   }
+  if (mx_) plan_fp8();
   if (!allocate) return;
   arena_.finalize(ops_);
+  if (mx_) {
+    mx_weights_arena_.finalize(ops_);
+    if (mx_attn_) {
+      const int32_t off[2] = {0, static_cast<int32_t>(T_)};
+      ops_.upload(s_.mx_dense_offsets.data, off, sizeof(off));
+    }
+  }
   if (!jitter)
     for (auto& a : acts_) a.moe_in = a.ln2;
   // Without expert parallelism the experts run on the permuted rows themselves.
   for (auto& a : acts_) {
+    if (mx_) {
+      a.xe = s_.mx_xe;
+      a.act = s_.mx_act;
+      if (!ep_on) a.xp = s_.mx_xe;
+    }
     if (ep_on) {
       a.xp = s_.xp_send;
       a.wp = s_.wp_send;
@@ -135,6 +152,7 @@ void MixtralModel::bind(const Tensor& dense_w, const Tensor& expert_w, const Ten
                         const Tensor& expert_g) {
   w_ = bind_tensors(layout_, cfg_, dense_w, expert_w);
   g_ = bind_tensors(layout_, cfg_, dense_g, expert_g);
+  mx_stale_ = true;
 }
 
 double MixtralModel::aux_loss_forward() {
@@ -158,6 +176,10 @@ double MixtralModel::forward_backward(const MicroBatch& mb, float ce_scale, floa
                                       const Tensor& loss_sum, bool compute_grad, uint64_t jitter_seed) {
   mb_ = &mb;
   aux_grad_scale_ = aux_scale;
+  if (mx_ && mx_stale_) {  // once per optimizer step: every micro-batch of the step reuses the copies
+    quantize_fp8_weights();
+    mx_stale_ = false;
+  }
   if (aux_on_) {
     ops_.zero(s_.aux_prob_sum);
     ops_.zero(s_.aux_count);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "linear.hpp"
+#include "model/mx_experts.hpp"
 #include "mxtrain/model.hpp"
 #include "mxtrain/rng.hpp"
 
@@ -33,7 +34,7 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   if (aux_on_) ops_.router_aux_stats(a.probs, a.topk_idx, s_.aux_prob_sum, s_.aux_count);
   // permute
   ops_.moe_plan(a.topk_idx, static_cast<int>(E_), a.offsets, a.perm);
-  ops_.moe_permute(a.moe_in, a.perm, static_cast<int>(k_), a.xp);
+  ops_.moe_permute(a.moe_in, a.perm, static_cast<int>(k_), a.xp.rows(0, R_));
   ops_.moe_permute_weights(a.topk_w.view({R_}), a.perm, a.wp);
   // dispatch
   const bool ep = ep_.size > 1;
@@ -41,7 +42,9 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   const Tensor off = ep ? a.ep_meta.rows(0, El_ + 1) : a.offsets;
   // experts (their output: straight into yp, or into dxe, free until the backward, for the combine)
   const Tensor ye = ep ? s_.dxe.rows(0, n) : s_.yp;
-  if (n > 0) {
+  if (n > 0 && mx_) {
+    mx_experts_forward(ops_, mx_run(l, n, off), mxw_[l].experts, a.xe, a.we.rows(0, n), a.h13, a.act, ye);
+  } else if (n > 0) {
     ops_.grouped_gemm(a.xe.rows(0, n), w.w13, off, a.h13.rows(0, n));
     ops_.swiglu_forward(a.h13.rows(0, n), a.we.rows(0, n), a.act.rows(0, n));
     ops_.grouped_gemm(a.act.rows(0, n), w.w2, off, ye);
@@ -59,14 +62,17 @@ void MixtralModel::moe_backward(int l) {
   const LayerTensors& g = g_.layers[l];
   const int k = static_cast<int>(k_);
   // unpermute backward = permute of the output gradient
-  ops_.moe_permute(s_.dx, a.perm, k, s_.dyp);
+  ops_.moe_permute(s_.dx, a.perm, k, s_.dyp.rows(0, R_));
   // combine backward = dispatch of the output gradient, with the forward's splits
   const bool ep = ep_.size > 1;
   if (ep) moe_dispatch_grad(l);
   const int64_t n = ep ? ep_splits_[l].recv_rows : R_;
   const Tensor off = ep ? a.ep_meta.rows(0, El_ + 1) : a.offsets;
   // experts backward
-  if (n > 0) {
+  if (n > 0 && mx_) {
+    mx_experts_backward(ops_, mx_run(l, n, off), mxw_[l].experts, s_.dye, a.h13, a.we.rows(0, n), s_.dact,
+                        s_.dh13, s_.dxe, s_.dwe.rows(0, n), g.w13, g.w2);
+  } else if (n > 0) {
     ops_.grouped_gemm_dgrad(s_.dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
     ops_.grouped_gemm_wgrad(s_.dye.rows(0, n), a.act.rows(0, n), off, g.w2);
     ops_.swiglu_backward(s_.dact.rows(0, n), a.h13.rows(0, n), a.we.rows(0, n), s_.dh13.rows(0, n),

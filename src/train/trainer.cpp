@@ -79,7 +79,7 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   const ExpertParallel ep{groups_->ep.get(), groups_->ep_host.get(), groups_->layout.ep_rank,
                           groups_->layout.ep_size, cfg.parallelism.ep_capacity_factor};
   model_ = std::make_unique<MixtralModel>(cfg.model, ops_, cfg.dataset.micro_batch_size,
-                                          cfg.dataset.max_seq_length, layout_, true, ep);
+                                          cfg.dataset.max_seq_length, layout_, true, ep, cfg.fp8);
   model_->bind(dense_.working, expert_.working, dense_.grad, expert_.grad);
   if (!cfg.checkpoint.ckpt_dir.empty())
     ckpt_ = std::make_unique<Checkpointer>(cfg, world_ > 1 ? make_mpi_ckpt_comm() : nullptr);
@@ -98,6 +98,7 @@ TrainState Trainer::ckpt_state() {
 void Trainer::refresh_working_weights() {
   for (FlatParams* fp : {&dense_, &expert_})
     if (fp->working.data != fp->master.data) ops_.copy(fp->master.rows(0, fp->working.numel()), fp->working);
+  if (model_) model_->invalidate_fp8_weights();  // MXFP8 copies are re-quantised by the next forward
 }
 
 void Trainer::load_micro_batch(int64_t) {
@@ -236,7 +237,8 @@ void Trainer::log_device_memory() {
   const size_t peak = ops_.peak_allocated();
   if (peak == 0) return;
   const MemoryPlan plan = plan_memory(cfg_, ops_);
-  const double planned = static_cast<double>(plan.param_bytes + plan.activation_bytes + plan.scratch_bytes);
+  const double planned =
+      static_cast<double>(plan.param_bytes + plan.fp8_weight_bytes + plan.activation_bytes + plan.scratch_bytes);
   spdlog::info("device memory: peak allocated {:.3f} GiB, plan {:.3f} GiB ({:+.1f}%)", peak / 1073741824.0,
                planned / 1073741824.0, 100.0 * (static_cast<double>(peak) / planned - 1.0));
 }
@@ -319,8 +321,10 @@ MemoryPlan plan_memory(const TrainConfig& cfg, Ops& ops) {
   p.param_bytes = bytes(layout.dense_numel, world) + bytes(layout.expert_numel, cfg.parallelism.dp_size);
   const ExpertParallel ep{nullptr, nullptr, 0, static_cast<int>(cfg.parallelism.ep_size),
                           cfg.parallelism.ep_capacity_factor};
-  MixtralModel planned(cfg.model, ops, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length, layout, false, ep);
+  MixtralModel planned(cfg.model, ops, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length, layout, false, ep,
+                       cfg.fp8);
   p.activation_bytes = planned.arena().total_bytes();
+  p.fp8_weight_bytes = planned.mx_weight_arena().total_bytes();
   std::vector<std::pair<std::string, size_t>> all;
   for (const auto& e : planned.arena().entries()) all.emplace_back(e.name, e.bytes);
   std::sort(all.begin(), all.end(), [](auto& a, auto& b) { return a.second > b.second; });
@@ -336,12 +340,17 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       "  parameters: {:.3f} B dense + {:.3f} B expert (this rank's {} of {} experts)\n"
       "  fp32 master + grads + AdamW (+ working copy): {:.2f} GiB (AdamW moments: ZeRO-1 shards over {} ranks "
       "dense, {} expert)\n"
+      "{}"
       "  activations (arena): {:.2f} GiB\n"
       "  total: {:.2f} GiB\n  largest activation buffers:\n",
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
       p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts,
       gib(p.param_bytes), cfg.parallelism.dp_size * cfg.parallelism.ep_size, cfg.parallelism.dp_size,
-      gib(p.activation_bytes), gib(p.param_bytes + p.activation_bytes));
+      p.fp8_weight_bytes ? fmt::format("  MXFP8 weight copies (E4M3 rowwise + columnwise, {}): {:.2f} GiB\n",
+                                       cfg.fp8.keep_attention_bf16 ? "experts" : "experts, QKV, O",
+                                       gib(p.fp8_weight_bytes))
+                         : std::string(),
+      gib(p.activation_bytes), gib(p.param_bytes + p.fp8_weight_bytes + p.activation_bytes));
   for (const auto& [name, bytes] : p.largest) s += fmt::format("    {:<28} {:10.1f} MiB\n", name, bytes / 1048576.0);
   return s;
 }

@@ -1,0 +1,22 @@
+// CudaOps' MXFP8 ops: thin forwards to the MXFP8 kernels behind kernels/mxfp8_cuda.hpp (quantiser and grouped
+// GEMMs), so the model reaches them through the op interface like every other op.
+#include "cuda_ops.hpp"
+#include "mxfp8_cuda.hpp"
+
+namespace mxt {
+
+void CudaOps::mx_quantize(const Tensor& x, const mxfp8::MxView* rowwise, const mxfp8::MxView* colwise) {
+  mxfp8::quantize_cuda(*this, x, rowwise, colwise);
+}
+
+void CudaOps::mx_grouped_gemm(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,
+                              const Tensor& C) {
+  mxfp8::grouped_gemm_cuda(*this, A, B, offsets, C);
+}
+
+void CudaOps::mx_grouped_gemm_wgrad(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,
+                                    const Tensor& C) {
+  mxfp8::grouped_gemm_wgrad_cuda(*this, A, B, offsets, C);
+}
+
+}  // namespace mxt

@@ -1,0 +1,101 @@
+// MixtralModel's MXFP8 plumbing (fp8_config.enabled): the buffers, the once-per-step weight quantisation, and
+// the per-call descriptions handed to mx_experts / mx_linear.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "model/mx_experts.hpp"
+#include "model/mx_linear.hpp"
+#include "mxtrain/model.hpp"
+
+namespace mxt {
+
+namespace {
+void require32(int64_t v, const std::string& what) {
+  if (v % mxfp8::kBlock != 0)
+    throw std::invalid_argument("fp8_config.enabled=true: " + what + " (" + std::to_string(v) +
+                                ") must be a multiple of 32 (MXFP8 blocks of 32 along every GEMM's contraction dim)");
+}
+}  // namespace
+
+void MixtralModel::plan_fp8() {
+  const int64_t hd = cfg_.head_dim(), H = cfg_.num_attention_heads, KVH = cfg_.num_key_value_heads;
+  require32(d_, "config_kwargs.hidden_size");
+  require32(f_, "config_kwargs.intermediate_size");
+  if (mx_attn_) {
+    require32(T_, "dataset.micro_batch_size x dataset.max_seq_length (or set fp8_config.keep_attention_bf16=true)");
+    require32(KVH * hd, "the key/value projection width config_kwargs.num_key_value_heads x head_dim");
+  }
+  mx_fwd_ = mxfp8::forward_format(fp8_.fp8_format);
+  mx_grad_ = mxfp8::gradient_format(fp8_.fp8_format);
+  const DType A = ops_.act_dtype();
+  for (size_t l = 0; l < acts_.size(); ++l) {
+    const std::string p = "layer" + std::to_string(l) + ".";
+    acts_[l].xe_col.plan(arena_, p + "expert_in_mx_col", Cx_ * d_);
+    acts_[l].act_col.plan(arena_, p + "expert_act_mx_col", Cx_ * f_);
+  }
+  arena_.add(s_.mx_xe, "scratch.expert_in", A, {Cx_, d_});
+  arena_.add(s_.mx_act, "scratch.expert_act", A, {Cx_, f_});
+  const int64_t room = std::max(Cx_ * std::max(d_, 2 * f_), mx_attn_ ? T_ * std::max(d_, H * hd) : 0);
+  s_.mx_a.plan(arena_, "scratch.mx_a", room);
+  s_.mx_b.plan(arena_, "scratch.mx_b", room);
+  if (mx_attn_) {
+    s_.mx_c.plan(arena_, "scratch.mx_c", T_ * std::max(d_, H * hd));
+    arena_.add(s_.mx_dense_offsets, "scratch.mx_dense_offsets", DType::I32, {2});
+  }
+  mxw_.resize(acts_.size());
+  for (size_t l = 0; l < mxw_.size(); ++l) {
+    const std::string p = "layer" + std::to_string(l) + ".";
+    LayerMxWeights& q = mxw_[l];
+    if (mx_attn_) {
+      q.wq.plan(mx_weights_arena_, p + "wq", 1, H * hd, d_);
+      q.wk.plan(mx_weights_arena_, p + "wk", 1, KVH * hd, d_);
+      q.wv.plan(mx_weights_arena_, p + "wv", 1, KVH * hd, d_);
+      q.wo.plan(mx_weights_arena_, p + "wo", 1, d_, H * hd);
+    }
+    q.experts.w13.plan(mx_weights_arena_, p + "experts.w13", El_, 2 * f_, d_);
+    q.experts.w2.plan(mx_weights_arena_, p + "experts.w2", El_, d_, f_);
+  }
+}
+
+void MixtralModel::quantize_fp8_weights() {
+  for (size_t l = 0; l < mxw_.size(); ++l) {
+    const LayerTensors& w = w_.layers[l];
+    const LayerMxWeights& q = mxw_[l];
+    mx_quantize_weight(ops_, w.w13, q.experts.w13);
+    mx_quantize_weight(ops_, w.w2, q.experts.w2);
+    if (!mx_attn_) continue;
+    mx_quantize_weight(ops_, w.wq, q.wq);
+    mx_quantize_weight(ops_, w.wk, q.wk);
+    mx_quantize_weight(ops_, w.wv, q.wv);
+    mx_quantize_weight(ops_, w.wo, q.wo);
+  }
+}
+
+MxExpertRun MixtralModel::mx_run(int l, int64_t n, const Tensor& offsets) const {
+  MxExpertRun r;
+  r.n = n;
+  r.d = d_;
+  r.f = f_;
+  r.fwd = mx_fwd_;
+  r.grad = mx_grad_;
+  r.offsets = offsets;
+  r.x_col = acts_[l].xe_col;
+  r.act_col = acts_[l].act_col;
+  r.row = s_.mx_a;
+  r.col = s_.mx_b;
+  return r;
+}
+
+MxDense MixtralModel::mx_dense() const {
+  MxDense m;
+  m.offsets = s_.mx_dense_offsets;
+  m.T = T_;
+  m.fwd = mx_fwd_;
+  m.grad = mx_grad_;
+  m.a = s_.mx_a;
+  m.b = s_.mx_b;
+  return m;
+}
+
+}  // namespace mxt

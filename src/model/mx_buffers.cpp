@@ -1,0 +1,45 @@
+#include "mxtrain/mx_buffers.hpp"
+
+#include <stdexcept>
+
+namespace mxt {
+
+void MxBuf::plan(Arena& arena, const std::string& name, int64_t elems) {
+  arena.add(data, name, DType::U8, {elems});
+  arena.add(scales, name + ".scales", DType::U8, {(elems + mxfp8::kBlock - 1) / mxfp8::kBlock});
+}
+
+mxfp8::MxView MxBuf::view(int64_t batch, int64_t rows, int64_t cols, mxfp8::Format f, mxfp8::Direction d) const {
+  mxfp8::MxView v;
+  v.data = static_cast<uint8_t*>(data.data);
+  v.scales = static_cast<uint8_t*>(scales.data);
+  v.batch = batch;
+  v.rows = rows;
+  v.cols = cols;
+  v.format = f;
+  v.dir = d;
+  v.device = data.device;
+  mxfp8::check_shape(batch, rows, cols, d, "MxBuf::view");
+  if (v.data_bytes() > data.numel() || v.scale_bytes() > scales.numel())
+    throw std::logic_error("MxBuf::view: a [" + std::to_string(batch) + ", " + std::to_string(rows) + ", " +
+                           std::to_string(cols) + "] MXFP8 copy does not fit a buffer of " +
+                           std::to_string(data.numel()) + " codes");
+  return v;
+}
+
+void MxWeight::plan(Arena& arena, const std::string& name, int64_t b, int64_t r, int64_t c) {
+  batch = b;
+  rows = r;
+  cols = c;
+  row.plan(arena, name + ".mx_row", b * r * c);
+  col.plan(arena, name + ".mx_col", b * r * c);
+}
+
+mxfp8::MxView MxWeight::rowwise() const {
+  return row.view(batch, rows, cols, mxfp8::Format::E4M3, mxfp8::Direction::Rowwise);
+}
+mxfp8::MxView MxWeight::colwise() const {
+  return col.view(batch, rows, cols, mxfp8::Format::E4M3, mxfp8::Direction::Columnwise);
+}
+
+}  // namespace mxt

@@ -1,0 +1,60 @@
+#include "model/mx_experts.hpp"
+
+namespace mxt {
+
+namespace {
+
+using mxfp8::Direction;
+
+// Quantises rows [0, n_pad) of x (zeroing its pad rows first) both ways; the rowwise view is then cut to
+// the first n rows (a prefix of the rowwise layout), the GEMM's A.
+void quantize_both(Ops& ops, const Tensor& x, int64_t n, int64_t cols, mxfp8::Format f, const MxBuf& row,
+                   const MxBuf& col, mxfp8::MxView& xr, mxfp8::MxView& xc) {
+  const int64_t np = mx_pad_rows(n);
+  if (np > n) ops.zero(x.rows(n, np - n));
+  xr = row.view(1, np, cols, f, Direction::Rowwise);
+  xc = col.view(1, np, cols, f, Direction::Columnwise);
+  ops.mx_quantize(x.rows(0, np), &xr, &xc);
+  xr.rows = n;
+}
+
+}  // namespace
+
+void mx_experts_forward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const Tensor& x,
+                        const Tensor& wp, const Tensor& h13, const Tensor& act, const Tensor& y) {
+  const int64_t n = r.n;
+  if (n == 0) return;
+  mxfp8::MxView xr, xc, ar, ac;
+  quantize_both(ops, x, n, r.d, r.fwd, r.row, r.x_col, xr, xc);
+  ops.mx_grouped_gemm(xr, w.w13.rowwise(), r.offsets, h13.rows(0, n));
+  ops.swiglu_forward(h13.rows(0, n), wp, act.rows(0, n));
+  quantize_both(ops, act, n, r.f, r.fwd, r.row, r.act_col, ar, ac);
+  ops.mx_grouped_gemm(ar, w.w2.rowwise(), r.offsets, y.rows(0, n));
+}
+
+void mx_experts_backward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const Tensor& dy,
+                         const Tensor& h13, const Tensor& wp, const Tensor& dact, const Tensor& dh13,
+                         const Tensor& dx, const Tensor& dwp, const Tensor& dw13, const Tensor& dw2) {
+  const int64_t n = r.n, np = mx_pad_rows(n);
+  if (n == 0) return;
+  // The forward's columnwise copies, as it wrote them.
+  const mxfp8::MxView xc = r.x_col.view(1, np, r.d, r.fwd, Direction::Columnwise);
+  const mxfp8::MxView ac = r.act_col.view(1, np, r.f, r.fwd, Direction::Columnwise);
+  mxfp8::MxView gr, gc;
+  // w2: dact = dy w2 (dgrad), dw2 += dy^T act (wgrad)
+  quantize_both(ops, dy, n, r.d, r.grad, r.row, r.col, gr, gc);
+  ops.mx_grouped_gemm(gr, w.w2.colwise(), r.offsets, dact.rows(0, n));
+  ops.mx_grouped_gemm_wgrad(gc, ac, r.offsets, dw2);
+  ops.swiglu_backward(dact.rows(0, n), h13.rows(0, n), wp, dh13.rows(0, n), dwp);
+  // w13: dx = dh13 w13, dw13 += dh13^T x
+  quantize_both(ops, dh13, n, 2 * r.f, r.grad, r.row, r.col, gr, gc);
+  ops.mx_grouped_gemm(gr, w.w13.colwise(), r.offsets, dx.rows(0, n));
+  ops.mx_grouped_gemm_wgrad(gc, xc, r.offsets, dw13);
+}
+
+void mx_quantize_weight(Ops& ops, const Tensor& W, const MxWeight& q) {
+  const mxfp8::MxView row = q.rowwise(), col = q.colwise();
+  ops.mx_quantize(W, &row, &col);
+}
+
+}  // namespace mxt

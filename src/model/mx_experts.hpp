@@ -1,0 +1,40 @@
+#pragma once
+// The expert MLP (grouped GEMM w13 -> SwiGLU x routing weight -> grouped GEMM w2) in MXFP8, forward and
+// backward, with Transformer Engine's operand directions (shared/docs/mxfp8.md):
+//   forward  X rowwise  x W rowwise      dgrad  dY rowwise x W columnwise      wgrad  dY columnwise x X columnwise
+// Used by MixtralModel (fp8_config.enabled) and by the tests, which compare it with the bf16 / fp32 ops.
+#include <cstdint>
+
+#include "mxtrain/mx_buffers.hpp"
+#include "mxtrain/ops.hpp"
+
+namespace mxt {
+
+// Rows are padded to 32 only for the columnwise (token-blocked) copies: the pad rows are zero, so they leave
+// every block scale and every wgrad sum unchanged.
+inline int64_t mx_pad_rows(int64_t n) { return (n + 31) / 32 * 32; }
+
+// One layer's expert run on n rows (offsets[E] == n).
+struct MxExpertRun {
+  int64_t n = 0, d = 0, f = 0;
+  mxfp8::Format fwd = mxfp8::Format::E4M3;   // activations and weights
+  mxfp8::Format grad = mxfp8::Format::E4M3;  // output gradients (E5M2 with fp8_format=HYBRID)
+  Tensor offsets;                            // [E+1] I32, on the ops' device
+  MxBuf x_col, act_col;  // kept from the forward for the wgrads: room for mx_pad_rows(n) x d and x f
+  MxBuf row, col;        // scratch: room for mx_pad_rows(n) x max(d, 2f) each
+};
+
+// x [>= n_pad, d] (its rows [n, n_pad) are zeroed here), wp [n] F32 ->
+// h13 [>= n, 2f] (kept for the backward), act [>= n_pad, f] (scratch), y [>= n, d]; fills x_col, act_col.
+void mx_experts_forward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const Tensor& x,
+                        const Tensor& wp, const Tensor& h13, const Tensor& act, const Tensor& y);
+// dy [>= n_pad, d] (rows [n, n_pad) zeroed here) -> dact [>= n, f], dh13 [>= n_pad, 2f] (scratch),
+// dx [>= n, d] (overwrite), dwp [n] F32 (overwrite); dw13 [E, 2f, d], dw2 [E, d, f] F32 (accumulate).
+void mx_experts_backward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const Tensor& dy,
+                         const Tensor& h13, const Tensor& wp, const Tensor& dact, const Tensor& dh13,
+                         const Tensor& dx, const Tensor& dwp, const Tensor& dw13, const Tensor& dw2);
+
+// Both E4M3 copies of a weight [rows, cols] or [E, rows, cols] in one pass.
+void mx_quantize_weight(Ops& ops, const Tensor& W, const MxWeight& q);
+
+}  // namespace mxt

@@ -1,0 +1,35 @@
+#include "model/mx_linear.hpp"
+
+namespace mxt {
+
+using mxfp8::Direction;
+
+mxfp8::MxView mx_dense_rowwise(Ops& ops, const MxDense& m, const Tensor& x, const MxBuf& buf) {
+  const mxfp8::MxView v = buf.view(1, m.T, x.numel() / m.T, m.fwd, Direction::Rowwise);
+  ops.mx_quantize(x.view({m.T, x.numel() / m.T}), &v, nullptr);
+  return v;
+}
+
+mxfp8::MxView mx_dense_colwise(Ops& ops, const MxDense& m, const Tensor& x, const MxBuf& buf) {
+  const mxfp8::MxView v = buf.view(1, m.T, x.numel() / m.T, m.fwd, Direction::Columnwise);
+  ops.mx_quantize(x.view({m.T, x.numel() / m.T}), nullptr, &v);
+  return v;
+}
+
+void mx_linear_forward(Ops& ops, const MxDense& m, const mxfp8::MxView& x_row, const MxWeight& W, const Tensor& y) {
+  ops.mx_grouped_gemm(x_row, W.rowwise(), m.offsets, y.view({m.T, W.rows}));
+}
+
+void mx_linear_backward(Ops& ops, const MxDense& m, const Tensor& dy, const MxWeight& W,
+                        const mxfp8::MxView& x_col, const Tensor& dx, const Tensor& tmp, const Tensor& dW) {
+  const int64_t out = W.rows, in = W.cols;
+  const mxfp8::MxView gr = m.a.view(1, m.T, out, m.grad, Direction::Rowwise);
+  const mxfp8::MxView gc = m.b.view(1, m.T, out, m.grad, Direction::Columnwise);
+  ops.mx_quantize(dy.view({m.T, out}), &gr, &gc);
+  const bool acc = tmp.data != nullptr;
+  ops.mx_grouped_gemm(gr, W.colwise(), m.offsets, (acc ? tmp : dx).view({m.T, in}));
+  if (acc) ops.add(dx, tmp, dx);
+  ops.mx_grouped_gemm_wgrad(gc, x_col, m.offsets, dW.view({1, out, in}));
+}
+
+}  // namespace mxt

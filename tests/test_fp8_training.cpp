@@ -1,0 +1,219 @@
+// MXFP8 in training (fp8_config.enabled) on the CPU backend: the expert MLP against the fp32 path on the same
+// inputs (close, as MXFP8 allows, and not equal: the quantisation is really applied), its operand
+// directions against the fp64 MXFP8 reference, and short training runs with MXFP8 on and off.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "mx_experts_test_util.hpp"
+#include "mxtrain/data.hpp"
+#include "mxtrain/mxfp8.hpp"
+#include "mxtrain/trainer.hpp"
+
+namespace mxt::testing {
+namespace {
+
+// The fp32 expert MLP (the ops' own grouped GEMMs) on the problem's inputs.
+struct Fp32Experts {
+  std::vector<float> h13, act, y, dact, dh13, dx, dwp, dw13, dw2;
+  explicit Fp32Experts(const MxExpertProblem& p) {
+    auto ops = make_cpu_ops();
+    const int64_t n = p.n, d = p.d, f = p.f, E = p.E;
+    std::vector<float> x = p.x, w13 = p.w13, w2 = p.w2, wp = p.wp, dy = p.dy;
+    std::vector<int32_t> off = p.off;
+    h13.resize(n * 2 * f);
+    act.resize(n * f);
+    y.resize(n * d);
+    dact.resize(n * f);
+    dh13.resize(n * 2 * f);
+    dx.resize(n * d);
+    dwp.resize(n);
+    dw13.assign(E * 2 * f * d, 0.f);
+    dw2.assign(E * d * f, 0.f);
+    auto T = [](std::vector<float>& v, std::initializer_list<int64_t> dims) { return Tensor(v.data(), DType::F32, dims); };
+    const Tensor to(off.data(), DType::I32, {E + 1});
+    ops->grouped_gemm(T(x, {n, d}), T(w13, {E, 2 * f, d}), to, T(h13, {n, 2 * f}));
+    ops->swiglu_forward(T(h13, {n, 2 * f}), T(wp, {n}), T(act, {n, f}));
+    ops->grouped_gemm(T(act, {n, f}), T(w2, {E, d, f}), to, T(y, {n, d}));
+    ops->grouped_gemm_dgrad(T(dy, {n, d}), T(w2, {E, d, f}), to, T(dact, {n, f}));
+    ops->grouped_gemm_wgrad(T(dy, {n, d}), T(act, {n, f}), to, T(dw2, {E, d, f}));
+    ops->swiglu_backward(T(dact, {n, f}), T(h13, {n, 2 * f}), T(wp, {n}), T(dh13, {n, 2 * f}), T(dwp, {n}));
+    ops->grouped_gemm_dgrad(T(dh13, {n, 2 * f}), T(w13, {E, 2 * f, d}), to, T(dx, {n, d}));
+    ops->grouped_gemm_wgrad(T(dh13, {n, 2 * f}), T(x, {n, d}), to, T(dw13, {E, 2 * f, d}));
+  }
+};
+
+std::vector<float> first(const std::vector<float>& v, int64_t n) { return std::vector<float>(v.begin(), v.begin() + n); }
+
+void check_close_not_equal(const char* what, const std::vector<float>& mx, const std::vector<float>& ref,
+                           double max_l2, double max_worst) {
+  const double l2 = mx_rel_l2(mx, ref), worst = mx_rel_worst(mx, ref);
+  std::printf("  %-5s rel L2 %.4f  worst element (of max) %.4f\n", what, l2, worst);
+  EXPECT_LT(l2, max_l2) << what;
+  EXPECT_LT(worst, max_worst) << what;
+  EXPECT_GT(l2, 1e-3) << what << ": equal to the fp32 result, so nothing was quantised";
+}
+
+class Fp8Experts : public ::testing::TestWithParam<mxfp8::Format> {};
+
+TEST_P(Fp8Experts, CpuMatchesFp32WithinMxfp8Error) {
+  const MxExpertProblem p({37, 0, 26, 40}, 7);  // 103 rows: padded to 128, wgrad groups split 32-blocks
+  const Fp32Experts ref(p);
+  auto ops = make_cpu_ops();
+  MxExpertBuffers b(*ops, p, GetParam());
+  b.forward_backward(*ops);
+  const bool e5m2 = GetParam() == mxfp8::Format::E5M2;
+  std::printf("gradients in %s:\n", mxfp8::format_name(GetParam()));
+  // E4M3 keeps 3 mantissa bits (a relative step of 1/8 to 1/16 per operand), and y passes two quantised GEMMs.
+  check_close_not_equal("y", MxExpertBuffers::get(*ops, b.y), ref.y, 0.09, 0.2);
+  const double g = e5m2 ? 1.6 : 1.0;  // E5M2 gradients keep one mantissa bit less
+  check_close_not_equal("dx", MxExpertBuffers::get(*ops, b.dx), ref.dx, 0.09 * g, 0.2 * g);
+  check_close_not_equal("dwp", MxExpertBuffers::get(*ops, b.dwp), ref.dwp, 0.09 * g, 0.2 * g);
+  check_close_not_equal("dw13", MxExpertBuffers::get(*ops, b.dw13), ref.dw13, 0.09 * g, 0.2 * g);
+  check_close_not_equal("dw2", MxExpertBuffers::get(*ops, b.dw2), ref.dw2, 0.09 * g, 0.2 * g);
+  // The empty expert's weight gradients stay exactly zero.
+  const std::vector<float> dw2 = MxExpertBuffers::get(*ops, b.dw2);
+  for (int64_t i = p.d * p.f; i < 2 * p.d * p.f; ++i) ASSERT_EQ(dw2[i], 0.f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, Fp8Experts, ::testing::Values(mxfp8::Format::E4M3, mxfp8::Format::E5M2),
+                         [](const auto& info) { return std::string(mxfp8::format_name(info.param)); });
+
+// The recipe's operand directions: forward X rowwise x W rowwise, wgrad dY columnwise x X columnwise (tokens
+// padded with zero rows), each against the fp64 reference on independently quantised copies.
+TEST(Fp8ExpertsDirections, ForwardAndWgradMatchTheFp64Reference) {
+  using namespace mxfp8;
+  const MxExpertProblem p({37, 0, 26, 40}, 11);
+  auto ops = make_cpu_ops();
+  MxExpertBuffers b(*ops, p, Format::E4M3);
+  b.forward_backward(*ops);
+  // h13 = x W13^T
+  MxHost xq(1, p.n, p.d, Format::E4M3, Direction::Rowwise), wq(p.E, 2 * p.f, p.d, Format::E4M3, Direction::Rowwise);
+  const MxView xv = xq.view(), wv = wq.view();
+  quantize(p.x.data(), 1, p.n, p.d, &xv, nullptr);
+  quantize(p.w13.data(), p.E, 2 * p.f, p.d, &wv, nullptr);
+  const std::vector<double> h13 = grouped_gemm_ref(xq.view(), wq.view(), p.off);
+  const std::vector<float> got = MxExpertBuffers::get(*ops, b.h13);
+  EXPECT_LT(mx_rel_l2(got, std::vector<float>(h13.begin(), h13.end())), 1e-6);
+  // dW2 += dy^T act over each expert's tokens, from the columnwise copies of the zero-padded tensors
+  std::vector<float> act = MxExpertBuffers::get(*ops, b.act), dy = p.dy;  // act: the forward's, pad rows zero
+  dy.resize(p.np * p.d, 0.f);
+  MxHost ac(1, p.np, p.f, Format::E4M3, Direction::Columnwise), gc(1, p.np, p.d, Format::E4M3, Direction::Columnwise);
+  const MxView av = ac.view(), gv = gc.view();
+  quantize(act.data(), 1, p.np, p.f, nullptr, &av);
+  quantize(dy.data(), 1, p.np, p.d, nullptr, &gv);
+  const std::vector<double> dw2 = grouped_gemm_wgrad_ref(gc.view(), ac.view(), p.off);
+  EXPECT_LT(mx_rel_l2(MxExpertBuffers::get(*ops, b.dw2), std::vector<float>(dw2.begin(), dw2.end())), 1e-6);
+}
+
+// The tiny L0 shape (multiples of 32 where MXFP8 needs them), 30 steps with MXFP8 on and off.
+TrainConfig tiny_l0(bool fp8, const std::string& format = "E4M3", bool keep_attention_bf16 = false) {
+  TrainConfig c;
+  c.model.vocab_size = 256;
+  c.model.hidden_size = 64;
+  c.model.intermediate_size = 128;
+  c.model.num_hidden_layers = 2;
+  c.model.num_attention_heads = 4;
+  c.model.num_key_value_heads = 2;
+  c.model.num_local_experts = 4;
+  c.model.num_experts_per_tok = 2;
+  c.model.max_position_embeddings = 64;
+  c.model.rope_theta = 10000;
+  c.dataset.micro_batch_size = 2;
+  c.dataset.max_seq_length = 32;
+  c.dataset.stride = 8;
+  c.num_train_steps = 30;
+  c.grad_acc_steps = 2;
+  c.adamw.lr = 3e-3;
+  c.lr_scheduler = {3, 27, 0.1};
+  c.output_dir = (std::filesystem::temp_directory_path() / "mxtrain_test_fp8").string();
+  c.logger.frequency = 10;
+  c.fp8.enabled = fp8;
+  c.fp8.fp8_format = format;
+  c.fp8.keep_attention_bf16 = keep_attention_bf16;
+  return c;
+}
+
+std::vector<double> train(const TrainConfig& c) {
+  auto ops = make_cpu_ops();
+  Trainer t(c, *ops, embedded_corpus_tokens());
+  return t.run();
+}
+
+void print_losses(const char* name, const std::vector<double>& l) {
+  std::printf("%-28s", name);
+  for (size_t i = 0; i < l.size(); i += 5) std::printf(" %7.4f", l[i]);
+  std::printf(" ... %7.4f\n", l.back());
+}
+
+TEST(Fp8Training, L0ShapeTrainsLikeBf16) {
+  const std::vector<double> off = train(tiny_l0(false)), on = train(tiny_l0(true));
+  print_losses("fp8 off (fp32 CPU)", off);
+  print_losses("fp8 on (MXFP8 E4M3)", on);
+  ASSERT_EQ(on.size(), 30u);
+  EXPECT_LT(on.back(), on.front() - 1.5);
+  EXPECT_NEAR(on.back(), off.back(), 0.05 * off.back());
+  EXPECT_NE(on.back(), off.back());  // the MXFP8 path really ran
+}
+
+TEST(Fp8Training, HybridWithBf16AttentionTrains) {
+  const std::vector<double> off = train(tiny_l0(false)), on = train(tiny_l0(true, "HYBRID", true));
+  print_losses("fp8 HYBRID, attention fp32", on);
+  EXPECT_LT(on.back(), on.front() - 1.5);
+  EXPECT_NEAR(on.back(), off.back(), 0.05 * off.back());
+}
+
+// The trainer's MXFP8 weight copies follow the weights: after every optimizer step its model computes the
+// same loss as a fresh model (which quantises on its first forward) bound to the same weights.
+TEST(Fp8Training, WeightCopiesAreRefreshedAfterEachStep) {
+  TrainConfig c = tiny_l0(true);
+  c.grad_acc_steps = 1;
+  c.lr_scheduler = {0, 0, 1.0};  // no warm-up: the first step changes the weights
+  auto ops = make_cpu_ops();
+  Trainer t(c, *ops, embedded_corpus_tokens());
+  const int64_t B = c.dataset.micro_batch_size, S = c.dataset.max_seq_length, T = B * S;
+  std::vector<int32_t> ids(T), labels(T), pos(T);
+  for (int64_t i = 0; i < T; ++i) {
+    ids[i] = static_cast<int32_t>((i * 7) % 256);
+    labels[i] = static_cast<int32_t>((i * 7 + 1) % 256);
+    pos[i] = static_cast<int32_t>(i % S);
+  }
+  MicroBatch mb;
+  mb.ids = Tensor(ids.data(), DType::I32, {T});
+  mb.labels = Tensor(labels.data(), DType::I32, {T});
+  mb.pos = Tensor(pos.data(), DType::I32, {T});
+  auto loss_of = [&](MixtralModel& m) {
+    float sum = 0;
+    m.forward_backward(mb, 1.f, 0.f, Tensor(&sum, DType::F32, {1}), false, 0);
+    return sum;
+  };
+  float before = loss_of(t.model());
+  for (int step = 0; step < 2; ++step) {
+    t.train_step();
+    MixtralModel fresh(c.model, *ops, B, S, t.layout(), true, {}, c.fp8);
+    fresh.bind(t.dense().working, t.expert().working, t.dense().grad, t.expert().grad);
+    const float after = loss_of(t.model());
+    EXPECT_EQ(after, loss_of(fresh)) << "step " << step + 1;
+    EXPECT_NE(after, before);
+    before = after;
+  }
+}
+
+// The memory plan shows the MXFP8 weight copies, and the expert activations shrink to their MXFP8 copies.
+TEST(Fp8Training, MemoryPlanHasTheWeightCopies) {
+  auto ops = make_cpu_ops();
+  const MemoryPlan off = plan_memory(tiny_l0(false), *ops), on = plan_memory(tiny_l0(true), *ops);
+  EXPECT_EQ(off.fp8_weight_bytes, 0u);
+  // rowwise + columnwise codes of every expert and attention weight, plus their scales (1/32)
+  const TrainConfig c = tiny_l0(true);
+  const int64_t d = c.model.hidden_size, f = c.model.intermediate_size, E = c.model.num_local_experts;
+  const int64_t per_layer = E * 3 * f * d + 2 * d * d + 2 * d * 32;  // experts; wq, wo; wk, wv (32 wide)
+  EXPECT_GE(on.fp8_weight_bytes, static_cast<size_t>(2 * 2 * per_layer));
+  EXPECT_LT(on.fp8_weight_bytes, static_cast<size_t>(2 * 2 * per_layer * 1.1));
+  EXPECT_NE(format_memory_plan(c, on).find("MXFP8 weight copies"), std::string::npos);
+  EXPECT_EQ(format_memory_plan(tiny_l0(false), off).find("MXFP8"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mxt::testing
