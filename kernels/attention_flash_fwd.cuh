@@ -168,8 +168,6 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_BLOCKS) attn_fwd_flash_kerne
       // Online softmax (log2 units). A row's reference maximum m only moves when the new maximum exceeds it
       // by more than 8: P <= 2^8 is harmless in bf16 and fp32, and the final 1/l is exact for any m. So after
       // the first tiles O is rarely rescaled, and the rescale is skipped when no row of the warp needs it.
-      float alpha[MT][2];
-      bool rescale = false;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -180,11 +178,13 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_BLOCKS) attn_fwd_flash_kerne
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           const float m_new = fmaxf(m[mt][hf], mx * p.scale_log2);
-          alpha[mt][hf] = 1.f;
-          if (m_new > m[mt][hf] + 8.f) {  // also the first unmasked score of the row (m = -inf)
-            alpha[mt][hf] = fast_exp2(m[mt][hf] - m_new);  // 2^-inf = 0 on the first contribution
-            m[mt][hf] = m_new;
-            rescale = true;
+          const bool move = m_new > m[mt][hf] + 8.f;  // also the first unmasked score of the row (m = -inf)
+          if (__any_sync(0xffffffffu, move)) {
+            const float alpha = move ? fast_exp2(m[mt][hf] - m_new) : 1.f;  // 2^-inf = 0 the first time
+            if (move) m[mt][hf] = m_new;
+            l[mt][hf] *= alpha;
+#pragma unroll
+            for (int j = 0; j < ND; ++j) o[mt][j][2 * hf] *= alpha, o[mt][j][2 * hf + 1] *= alpha;
           }
           const float base = m[mt][hf] == -INFINITY ? 0.f : m[mt][hf];  // nothing unmasked yet: weights stay 0
           float sum = 0.f;
@@ -194,17 +194,8 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::MIN_BLOCKS) attn_fwd_flash_kerne
             s[mt][j][2 * hf + 1] = fast_exp2(fmaf(s[mt][j][2 * hf + 1], p.scale_log2, -base));
             sum += s[mt][j][2 * hf] + s[mt][j][2 * hf + 1];
           }
-          l[mt][hf] = l[mt][hf] * alpha[mt][hf] + sum;
+          l[mt][hf] += sum;
         }
-      }
-      if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int j = 0; j < ND; ++j) {
-            o[mt][j][0] *= alpha[mt][0], o[mt][j][1] *= alpha[mt][0];
-            o[mt][j][2] *= alpha[mt][1], o[mt][j][3] *= alpha[mt][1];
-          }
       }
       // O += P V, P rounded to bf16 straight from the accumulators (packed first: half the registers).
       uint32_t pa[MT][BN / 16][4];
