@@ -11,10 +11,17 @@
 #include <cuda_runtime.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <deque>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <spdlog/spdlog.h>
 
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
@@ -102,6 +109,7 @@ class NcclComm final : public Comm {
   ~NcclComm() override {
     if (wd_) wd_->remove_health_check(health_check_);
     cudaStreamSynchronize(stream_);
+    report_timing();
     if (comm_) ncclCommDestroy(comm_);
     cudaEventDestroy(ready_);
     cudaEventDestroy(done_);
@@ -180,7 +188,14 @@ class NcclComm final : public Comm {
     cuda_check(cudaEventRecord(ready_, compute_), name_ + " " + op + ": event record");
     cuda_check(cudaStreamWaitEvent(stream_, ready_, 0), name_ + " " + op + ": stream wait");
     op_ = op;
+    if (timing_ && timed_.size() >= 4096) {  // bounded: fold the finished ones (a sync, only when timing)
+      cuda_check(cudaStreamSynchronize(stream_), name_ + " timing: stream sync");
+      fold_timing();
+    }
+    Timed* t = timing_ ? &timed_.emplace_back(op) : nullptr;
+    if (t) cuda_check(cudaEventRecord(t->begin, stream_), name_ + " " + op + ": event record");
     f();
+    if (t) cuda_check(cudaEventRecord(t->end, stream_), name_ + " " + op + ": event record");
     cuda_check(cudaEventRecord(done_, stream_), name_ + " " + op + ": event record");
     cuda_check(cudaStreamWaitEvent(compute_, done_, 0), name_ + " " + op + ": stream wait");
     if (wd_ && wd_->timeout_s() > 0) {
@@ -211,6 +226,53 @@ class NcclComm final : public Comm {
     if (!wd_) return Watchdog::Scope(nullptr, 0);
     return wd_->guard(describe(op));
   }
+
+  // MXTRAIN_COMM_TIMING=1: GPU time of every collective on this communicator's stream, summed per kind and
+  // logged when it is destroyed. Collectives wait for the compute stream, so this is the time communication
+  // kernels ran, not the time the compute stream waited; the difference is what overlap hides.
+  struct Timed {
+    const char* op;
+    cudaEvent_t begin = nullptr, end = nullptr;
+    explicit Timed(const char* o) : op(o) {
+      cuda_check(cudaEventCreate(&begin), "cudaEventCreate");
+      cuda_check(cudaEventCreate(&end), "cudaEventCreate");
+    }
+    Timed(Timed&& o) noexcept : op(o.op), begin(std::exchange(o.begin, nullptr)), end(std::exchange(o.end, nullptr)) {}
+    Timed(const Timed&) = delete;
+    ~Timed() {
+      if (begin) cudaEventDestroy(begin);
+      if (end) cudaEventDestroy(end);
+    }
+  };
+  void fold_timing() {  // needs the recorded events complete
+    for (const Timed& t : timed_) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, t.begin, t.end) == cudaSuccess) timing_ms_[t.op].push_back(ms);
+    }
+    timed_.clear();
+  }
+  // The first calls of a kind set up NCCL's connections and are far slower: the median x calls is the
+  // steady-state estimate beside the plain total.
+  void report_timing() {
+    fold_timing();
+    for (auto& [op, v] : timing_ms_) {
+      if (v.empty()) continue;
+      double total = 0;
+      for (float x : v) total += x;
+      std::vector<float> sorted = v;
+      std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+      const double med = sorted[sorted.size() / 2];
+      spdlog::info("comm timing, {} rank {}: {} x{} total {:.1f} ms, median {:.3f} ms (x calls {:.1f} ms), "
+                   "first {:.1f} ms", name_, rank_, op, v.size(), total, med, med * static_cast<double>(v.size()),
+                   v.front());
+    }
+  }
+  const bool timing_ = [] {
+    const char* e = std::getenv("MXTRAIN_COMM_TIMING");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  std::deque<Timed> timed_;
+  std::map<std::string, std::vector<float>> timing_ms_;  // op -> each call's ms, in call order
 
   std::string name_;
   std::shared_ptr<Watchdog> wd_;

@@ -5,6 +5,7 @@
 # (parallelism.timeout_s=5) must end the job, naming the collective and the group. In kill mode the timeout
 # stays at 600 s: the job must end through Open MPI noticing the lost rank, not through the watchdog.
 # Usage: kill_rank.sh MXTRAIN_BINARY [kill|hang]
+# MXT_KILL_ARGS="..." replaces the tiny CPU model's overrides (the GPU machine runs it with backend=cuda).
 set -uo pipefail
 BIN=$1
 MODE=${2:-kill}
@@ -21,7 +22,9 @@ cleanup() {  # only what this script started, by pid
 }
 trap cleanup EXIT
 
-"${MPIRUN[@]}" -np 2 "$BIN" --config-name L0_sanity "${TINY[@]}" parallelism.ep_size=2 num_train_steps=1000000 \
+ARGS=("${TINY[@]}")
+[[ -n ${MXT_KILL_ARGS:-} ]] && read -ra ARGS <<<"$MXT_KILL_ARGS"
+"${MPIRUN[@]}" -np 2 "$BIN" --config-name L0_sanity "${ARGS[@]}" parallelism.ep_size=2 num_train_steps=1000000 \
   parallelism.timeout_s="$TIMEOUT" output_dir="$TMP" >"$TMP/out.log" 2>&1 &
 JOB=$!
 for ((i = 0; i < 600; i++)); do  # until training is under way: two logged steps

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Device checks for the distributed, checkpoint and full-shape issues, on a 2-GPU machine, with prebuilt
+# binaries (built on the development machine, carried in BIN_DIR). Each section is named on the command line;
+# logs go to $OUT; a short table is printed at the end.
+#   bash scripts/device_dist_checks.sh devbin ep8x1b kill resume ckpt8x1b ep8x7b
+# Sections:
+#   attn      attention kernels: the CUDA tests against the reference, bench_attention beside PyTorch SDPA
+#   ep8x1b    8x1B (seq 4096, mbs 1): 1 GPU with grad_acc 16 vs EP=2 on 2 GPUs with grad_acc 8 (the same global
+#             batch), 5 steps: losses side by side, tokens/s per GPU, NCCL time (MXTRAIN_COMM_TIMING=1)
+#   kill      L0_sanity EP=2 on 2 GPUs, rank 1 SIGKILLed mid-run: the job ends with a message naming it
+#   resume    L0_sanity on 1 GPU: two straight 20-step runs (determinism), then 10 steps + resume for 10
+#   ckpt8x1b  8x1B on 1 GPU: async save at step 2, then resume from it: save, stall and load times
+#   profile8x1b  8x1B on 1 GPU, one micro-batch and one optimizer step under ncu (kernel durations only): GPU
+#             time per kernel family, the top of the list printed
+#   ep8x7b    8x7B layer shapes, 8 layers (6 if 8 do not fit), EP=2 on 2 GPUs: memory plan vs measured peak,
+#             tokens/s per GPU, model TFLOP/s and NCCL time
+set -uo pipefail
+BIN_DIR=${1:?usage: device_dist_checks.sh BIN_DIR section...}
+shift
+OUT=${OUT:-/tmp/device_out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
+MX=$BIN_DIR/mxtrain
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -x MXTRAIN_COMM_TIMING)
+summary=()
+add() { summary+=("$(printf '| %-28s | %s |' "$1" "$2")"); }
+# loss/tokens_per_s summary of metrics files: label=file ...
+metrics() {
+  python3 - "$@" <<'PY'
+import json, sys
+runs = {}
+for arg in sys.argv[1:]:
+    name, path = arg.split("=", 1)
+    try:
+        runs[name] = [json.loads(l) for l in open(path)]
+    except OSError as e:
+        print(f"{name}: {e}")
+for name, rows in runs.items():
+    tps = sorted(r.get("tokens_per_s", 0) for r in rows[1:]) or [0]
+    print(f"{name}: steps {len(rows)}, loss " + " ".join(f"{r['loss']:.5f}" for r in rows) +
+          f", median tok/s after step 1 {tps[len(tps) // 2]:.0f}")
+names = list(runs)
+if len(names) >= 2:
+    a, b = runs[names[0]], runs[names[1]]
+    n = min(len(a), len(b))
+    if n:
+        d = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a[:n], b[:n]))
+        same = all(x["loss"] == y["loss"] for x, y in zip(a[:n], b[:n]))
+        print(f"{names[0]} vs {names[1]}: max rel loss diff {d:.3e} over {n} steps, bit-identical {same}")
+PY
+}
+
+for section in "$@"; do
+  case $section in
+  attn)
+    CUDA_VISIBLE_DEVICES=0 timeout 300 "$BIN_DIR/mxtrain_tests" --gtest_filter='CudaAttention*' >"$OUT/attn_tests.log" 2>&1
+    add "CUDA attention tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/attn_tests.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]' "$OUT/attn_tests.log" | head
+    CUDA_VISIBLE_DEVICES=0 timeout 300 "$BIN_DIR/bench_attention" --shape all >"$OUT/bench_attention.log" 2>&1
+    add "bench_attention" "rc=$?"
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 scripts/bench_attention_torch.py >"$OUT/bench_attention_torch.log" 2>&1
+    add "torch SDPA bench" "rc=$?"
+    cat "$OUT/bench_attention.log" "$OUT/bench_attention_torch.log" | grep -v '^\s*$' | tail -60
+    ;;
+  ep8x1b)
+    B8="--config-name bench_8x1B backend=cuda num_train_steps=5 lr_scheduler_kwargs.num_decay_steps=4"
+    CUDA_VISIBLE_DEVICES=0 MXTRAIN_COMM_TIMING=1 timeout 300 "$MX" $B8 grad_acc_steps=16 output_dir="$OUT/8x1b_1gpu" \
+      >"$OUT/8x1b_1gpu.log" 2>&1
+    add "8x1B 1 GPU acc16" "rc=$?"
+    MXTRAIN_COMM_TIMING=1 timeout 300 "${MPIRUN[@]}" -np 2 "$MX" $B8 parallelism.ep_size=2 grad_acc_steps=8 \
+      output_dir="$OUT/8x1b_ep2" >"$OUT/8x1b_ep2.log" 2>&1
+    add "8x1B EP=2 2 GPUs acc8" "rc=$?"
+    metrics one_gpu="$OUT/8x1b_1gpu/metrics.jsonl" ep2="$OUT/8x1b_ep2/metrics.jsonl" | tee "$OUT/8x1b_cmp.txt"
+    grep -h "comm timing\|peak allocated" "$OUT/8x1b_ep2.log" | tee -a "$OUT/8x1b_cmp.txt"
+    add "8x1B EP=2 vs 1 GPU" "$(tail -n +3 "$OUT/8x1b_cmp.txt" | head -1)"
+    ;;
+  kill)
+    MXT_KILL_ARGS="backend=cuda logger.frequency=1" timeout 200 bash tests/mpi/kill_rank.sh "$MX" kill \
+      >"$OUT/kill_gpu.log" 2>&1
+    add "GPU kill rank 1 (EP=2)" "rc=$? $(grep -o 'job ended.*' "$OUT/kill_gpu.log")"
+    ;;
+  resume)
+    L0="--config-name L0_sanity parallelism.ep_size=1 backend=cuda logger.frequency=1 checkpoint.save_final_model=false"
+    export CUDA_VISIBLE_DEVICES=0
+    "$MX" $L0 num_train_steps=20 output_dir="$OUT/res_a" >"$OUT/res_a.log" 2>&1
+    "$MX" $L0 num_train_steps=20 output_dir="$OUT/res_b" >"$OUT/res_b.log" 2>&1
+    R="$L0 output_dir=$OUT/res_c checkpoint.ckpt_dir=/tmp/res_ckpt checkpoint.save_every_n_steps=10"
+    "$MX" $R num_train_steps=10 >"$OUT/res_c1.log" 2>&1
+    "$MX" $R num_train_steps=20 >"$OUT/res_c2.log" 2>&1
+    unset CUDA_VISIBLE_DEVICES
+    metrics straight1="$OUT/res_a/metrics.jsonl" straight2="$OUT/res_b/metrics.jsonl" | tail -1 | tee "$OUT/res_cmp.txt"
+    metrics straight1="$OUT/res_a/metrics.jsonl" resumed="$OUT/res_c/metrics.jsonl" | tail -1 | tee -a "$OUT/res_cmp.txt"
+    grep -h "resumed from" "$OUT/res_c2.log"
+    add "GPU determinism (2 runs)" "$(sed -n 1p "$OUT/res_cmp.txt")"
+    add "GPU resume 10+10 vs 20" "$(sed -n 2p "$OUT/res_cmp.txt")"
+    ;;
+  ckpt8x1b)
+    export CUDA_VISIBLE_DEVICES=0
+    C8="--config-name bench_8x1B backend=cuda grad_acc_steps=2 lr_scheduler_kwargs.num_decay_steps=4 \
+        output_dir=$OUT/ck8 checkpoint.ckpt_dir=/tmp/ck8 checkpoint.save_every_n_steps=2 checkpoint.async_save=true"
+    timeout 400 "$MX" $C8 num_train_steps=3 >"$OUT/ck8_save.log" 2>&1
+    add "8x1B async save" "rc=$? $(grep -h 'checkpoint step' "$OUT/ck8_save.log" | sed 's/^.*\] //' | tr '\n' ' ')"
+    timeout 300 "$MX" $C8 num_train_steps=4 checkpoint.save_every_n_steps=0 >"$OUT/ck8_load.log" 2>&1
+    add "8x1B resume (load)" "rc=$? $(grep -h 'resumed from' "$OUT/ck8_load.log" | sed 's/^.*\] //')"
+    unset CUDA_VISIBLE_DEVICES
+    du -sh /tmp/ck8/* 2>/dev/null
+    rm -rf /tmp/ck8
+    ;;
+  profile8x1b)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    CUDA_VISIBLE_DEVICES=0 timeout 300 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+      --log-file "$OUT/ncu_8x1b.csv" "$MX" --config-name bench_8x1B backend=cuda num_train_steps=1 grad_acc_steps=1 \
+      lr_scheduler_kwargs.num_decay_steps=1 output_dir="$OUT/prof" >"$OUT/prof.log" 2>&1
+    add "ncu 8x1B profile" "rc=$?"
+    python3 - "$OUT/ncu_8x1b.csv" <<'PY' | tee "$OUT/profile_8x1b.txt"
+import csv, re, sys, collections
+tot = collections.defaultdict(float); cnt = collections.Counter()
+rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
+for r in csv.DictReader(rows):
+    if r.get("Metric Name") != "gpu__time_duration.sum": continue
+    name = r["Kernel Name"]
+    key = re.sub(r"<.*", "", name.split("(")[0]).strip()
+    v = float(r["Metric Value"].replace(",", ""))
+    unit = r.get("Metric Unit", "ns")
+    v *= {"ns": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1, "msecond": 1, "nsecond": 1e-6}.get(unit, 1e-6)
+    tot[key] += v; cnt[key] += 1
+s = sum(tot.values())
+print(f"total GPU kernel time {s:.1f} ms over {sum(cnt.values())} kernels")
+for k, v in sorted(tot.items(), key=lambda x: -x[1])[:25]:
+    print(f"{v:9.2f} ms {100 * v / s:5.1f}%  x{cnt[k]:<5d} {k[:90]}")
+PY
+    ;;
+  ep8x7b)
+    for layers in 8 6; do
+      B7="--config-name L1_8x7B_ep backend=cuda parallelism.ep_size=2 config_kwargs.num_hidden_layers=$layers \
+          fp8_config.enabled=false num_train_steps=4 grad_acc_steps=8 logger.frequency=1 \
+          lr_scheduler_kwargs.num_warmup_steps=1 lr_scheduler_kwargs.num_decay_steps=3 checkpoint.ckpt_dir=null"
+      MXTRAIN_COMM_TIMING=1 timeout 420 "${MPIRUN[@]}" -np 2 "$MX" $B7 output_dir="$OUT/8x7b_ep2_$layers" \
+        >"$OUT/8x7b_ep2_$layers.log" 2>&1
+      rc=$?
+      add "8x7B ${layers} layers EP=2" "rc=$rc"
+      [[ $rc -eq 0 ]] && break
+    done
+    metrics ep2="$OUT/8x7b_ep2_$layers/metrics.jsonl" | tee "$OUT/8x7b_cmp.txt"
+    grep -h "total:\|comm timing\|peak allocated" "$OUT/8x7b_ep2_$layers.log" | tee -a "$OUT/8x7b_cmp.txt"
+    add "8x7B ${layers}L EP=2" "$(head -1 "$OUT/8x7b_cmp.txt" | cut -c1-200)"
+    ;;
+  *) echo "unknown section $section" >&2 ;;
+  esac
+done
+
+echo
+echo "| check | result |"
+echo "|---|---|"
+printf '%s\n' "${summary[@]}"
