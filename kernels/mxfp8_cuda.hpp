@@ -18,7 +18,7 @@ namespace mxt::mxfp8 {
 // reads x once. Bit-exact with mxfp8::quantize / quantize_bf16. Data pointers must be 16-byte aligned.
 void quantize_cuda(CudaOps& ops, const Tensor& x, const MxView* rowwise, const MxView* colwise);
 
-// MXFP8 grouped GEMMs (kernels/mxfp8_grouped_gemm.cu; fp64 twins mxfp8::grouped_gemm_ref / _wgrad_ref). A and
+// MXFP8 grouped GEMMs (kernels/mxfp8_grouped_gemm*.cu; fp64 twins mxfp8::grouped_gemm_ref / _wgrad_ref). A and
 // B are K-major CUDA views of any direction (mxfp8.md's operand copies: forward X rowwise x W rowwise, dgrad
 // dY rowwise x W columnwise, wgrad dY columnwise x X columnwise), either format each; offsets a CUDA I32
 // tensor, never read on the host.
@@ -28,6 +28,33 @@ void grouped_gemm_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Ten
 // Grouped along K: A [M, K], B [N, K] (batch 1); C [E, M, N] F32 += sum over k in [off[e], off[e+1]) of
 // A(:, k) B(:, k)^T. Group boundaries may fall inside an MX block. offsets [E + 1].
 void grouped_gemm_wgrad_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets,
+                             const Tensor& C);
+
+// The same contracts, always on the baseline kernels (mma.sync, any CUDA GPU): the GPU oracle of the fast path.
+void grouped_gemm_baseline_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets,
+                                const Tensor& C);
+void grouped_gemm_wgrad_baseline_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets,
+                                      const Tensor& C);
+
+// Which kernels the two entry points use: the Hopper ones (kernels/mxfp8_grouped_gemm_sm90.cu: TMA, FP8 wgmma,
+// promotion on the CUDA cores) wherever they apply (an sm_90 device and binary; E <= 256 groups; N a multiple of
+// 8; K >= 32; 16-byte aligned A, B and forward C, 8-byte aligned wgrad C), the baseline elsewhere. The env var
+// MXTRAIN_MXFP8_GEMM = auto (default) | sm90 | baseline, read once; set_gemm_impl overrides it in-process
+// (Auto: back to the env var's choice).
+enum class GemmImpl { Auto, Sm90, Baseline };
+void set_gemm_impl(GemmImpl impl);
+// Benchmarks, E4M3 x E4M3 only: 0 (default) = two temporaries (the next block's wgmma overlaps the previous
+// block's promotion); 1 = one temporary (issue, wait, promote). Measurement only, WRONG results: 2 = acc += tmp
+// without scales (one FP32 op per element); 3 = no promotion (bf16 forward / dgrad output and wgrad only); 4 = all
+// scales 1.0 without loading them (what the scale loads cost); 5 = 3 and 4 together (TMA + wgmma alone).
+void set_gemm_variant(int variant);
+// What the last call of this thread ran: "sm90" or "baseline" (tests assert the path they meant).
+const char* last_gemm_impl();
+void note_gemm_impl(const char* impl);
+// The sm90 launchers behind the entry points (arguments already checked): false, with nothing launched, where
+// they do not apply.
+bool grouped_gemm_sm90(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets, const Tensor& C);
+bool grouped_gemm_wgrad_sm90(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets,
                              const Tensor& C);
 
 // Test support: rounds every non-NaN fp32 bit pattern to FP8 both with the quantiser's hardware path (clamp to

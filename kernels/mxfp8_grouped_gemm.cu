@@ -1,5 +1,8 @@
-// MXFP8 grouped GEMMs, first (simple, correct) version: mma.sync m16n8k32 FP8 tensor-core steps with the
-// per-32-block scale promotion on the CUDA cores. CPU twins: mxfp8::grouped_gemm_ref / grouped_gemm_wgrad_ref.
+// MXFP8 grouped GEMMs: the entry points, and the baseline kernels (simple, correct: mma.sync m16n8k32 FP8
+// tensor-core steps with the per-32-block scale promotion on the CUDA cores). The entry points try the Hopper
+// kernels first (mxfp8_grouped_gemm_sm90.cu) and use the baseline elsewhere (other GPUs, shapes the sm90 path does
+// not take, MXTRAIN_MXFP8_GEMM=baseline); the tests use the baseline as the GPU oracle of the fast path.
+// CPU twins: mxfp8::grouped_gemm_ref / grouped_gemm_wgrad_ref.
 //
 // Both operands are K-major MXFP8 views (mxfp8.hpp): A [M][K], B [N][K] (per group), scales [rows][K/32].
 // One m16n8k32 MMA covers exactly one MX block along K, so every MMA starts from a zero accumulator and its
@@ -331,23 +334,26 @@ void dispatch_formats(Format fa, Format fb, F&& f) {
   else f(std::integral_constant<Format, Format::E5M2>{}, std::integral_constant<Format, Format::E5M2>{});
 }
 
-}  // namespace
-
-void grouped_gemm_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets, const Tensor& C) {
-  const char* op = "mxfp8::grouped_gemm_cuda";
+// Checks the arguments; false when there is nothing to compute.
+bool check_grouped_m(const char* op, const MxView& A, const MxView& B, const Tensor& offsets, const Tensor& C) {
   check_operand(A, op, "A");
   check_operand(B, op, "B");
   if (A.batch != 1) throw std::invalid_argument(std::string(op) + ": A must have batch 1");
   if (A.op_k() != B.op_k())
     throw std::invalid_argument(std::string(op) + ": contraction dims differ: A has K=" + std::to_string(A.op_k()) +
                                 ", B has K=" + std::to_string(B.op_k()));
-  const int64_t M = A.op_rows(), N = B.op_rows(), K = A.op_k(), E = B.batch;
+  const int64_t M = A.op_rows(), N = B.op_rows(), E = B.batch;
   check_offsets_tensor(offsets, E, op);
   if (C.device != Device::CUDA || (C.dtype != DType::BF16 && C.dtype != DType::F32) || C.numel() != M * N)
     throw std::invalid_argument(std::string(op) + ": C must be a CUDA BF16 or F32 tensor of " + std::to_string(M) +
                                 " x " + std::to_string(N) + " elements, got " + dtype_name(C.dtype) + " " +
                                 C.shape_str());
-  if (M == 0 || N == 0) return;
+  return M > 0 && N > 0;
+}
+
+void baseline_m(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets, const Tensor& C) {
+  const char* op = "mxfp8::grouped_gemm_cuda (baseline)";
+  const int64_t M = A.op_rows(), N = B.op_rows(), K = A.op_k(), E = B.batch;
   const int64_t xt = (M + BM - 1) / BM + E, yt = (N + BN - 1) / BN;
   if (xt > 0x7FFFFFFF || yt > 65535) throw std::invalid_argument(std::string(op) + ": problem too large");
   const dim3 grid(static_cast<unsigned>(xt), static_cast<unsigned>(yt));
@@ -368,9 +374,7 @@ void grouped_gemm_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Ten
   cuda::check_launch(op);
 }
 
-void grouped_gemm_wgrad_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets,
-                             const Tensor& C) {
-  const char* op = "mxfp8::grouped_gemm_wgrad_cuda";
+bool check_grouped_k(const char* op, const MxView& A, const MxView& B, const Tensor& offsets, const Tensor& C) {
   check_operand(A, op, "A");
   check_operand(B, op, "B");
   if (A.batch != 1 || B.batch != 1) throw std::invalid_argument(std::string(op) + ": A and B must have batch 1");
@@ -384,7 +388,12 @@ void grouped_gemm_wgrad_cuda(CudaOps& ops, const MxView& A, const MxView& B, con
     throw std::invalid_argument(std::string(op) + ": C must be a CUDA F32 tensor of " + std::to_string(E) + " x " +
                                 std::to_string(M) + " x " + std::to_string(N) + " elements, got " +
                                 dtype_name(C.dtype) + " " + C.shape_str());
-  if (M == 0 || N == 0 || K == 0) return;
+  return M > 0 && N > 0 && K > 0;
+}
+
+void baseline_k(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets, const Tensor& C) {
+  const char* op = "mxfp8::grouped_gemm_wgrad_cuda (baseline)";
+  const int64_t M = A.op_rows(), N = B.op_rows(), K = A.op_k(), E = offsets.numel() - 1;
   const int64_t xt = (N + BN - 1) / BN, yt = (M + BM - 1) / BM;
   if (xt > 0x7FFFFFFF || yt > 65535) throw std::invalid_argument(std::string(op) + ": problem too large");
   const dim3 grid(static_cast<unsigned>(xt), static_cast<unsigned>(yt), static_cast<unsigned>(E));
@@ -396,6 +405,37 @@ void grouped_gemm_wgrad_cuda(CudaOps& ops, const MxView& A, const MxView& B, con
                                                         static_cast<float*>(C.data));
   });
   cuda::check_launch(op);
+}
+
+}  // namespace
+
+void grouped_gemm_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets, const Tensor& C) {
+  if (!check_grouped_m("mxfp8::grouped_gemm_cuda", A, B, offsets, C)) return;
+  if (grouped_gemm_sm90(ops, A, B, offsets, C)) return;
+  baseline_m(ops, A, B, offsets, C);
+  note_gemm_impl("baseline");
+}
+
+void grouped_gemm_baseline_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets,
+                                const Tensor& C) {
+  if (!check_grouped_m("mxfp8::grouped_gemm_baseline_cuda", A, B, offsets, C)) return;
+  baseline_m(ops, A, B, offsets, C);
+  note_gemm_impl("baseline");
+}
+
+void grouped_gemm_wgrad_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets,
+                             const Tensor& C) {
+  if (!check_grouped_k("mxfp8::grouped_gemm_wgrad_cuda", A, B, offsets, C)) return;
+  if (grouped_gemm_wgrad_sm90(ops, A, B, offsets, C)) return;
+  baseline_k(ops, A, B, offsets, C);
+  note_gemm_impl("baseline");
+}
+
+void grouped_gemm_wgrad_baseline_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets,
+                                      const Tensor& C) {
+  if (!check_grouped_k("mxfp8::grouped_gemm_wgrad_baseline_cuda", A, B, offsets, C)) return;
+  baseline_k(ops, A, B, offsets, C);
+  note_gemm_impl("baseline");
 }
 
 }  // namespace mxt::mxfp8

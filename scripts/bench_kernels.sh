@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Kernel benchmarks on the GPU machine: runs every built benchmark executable (tests/bench/bench_*.cpp ->
 # <build>/tests/bench_*), writes each full log under the log folder, and prints the tables last. Builds nothing.
-# Before the runs it disassembles the grouped GEMM benchmark (when cuobjdump is on the machine) and counts the
-# Hopper instructions its sm90 kernels must contain: HGMMA (wgmma) and UTMALDG (TMA loads).
+# Before the runs it disassembles the grouped GEMM benchmarks (when cuobjdump is on the machine) and counts the
+# Hopper instructions their sm90 kernels must contain: HGMMA / QGMMA (bf16 / FP8 wgmma) and UTMALDG (TMA loads).
 #
 #   scripts/bench_kernels.sh [build dir (default build)] [log dir (default <build>/bench_logs)]
 #   BENCH_FILTER=grouped scripts/bench_kernels.sh     # only benchmarks whose name contains "grouped"
@@ -34,6 +34,14 @@ for b in "${benches[@]}"; do
              "$(grep -c UTMALDG "$logs/grouped_gemm.sass"), local-memory LDL/STL $(grep -cE '\b(LDL|STL)\b' "$logs/grouped_gemm.sass")"
       else
         echo "no cuobjdump on this machine: SASS not checked"
+      fi
+      ;;
+    bench_mxfp8_gemm)
+      # The MXFP8 sm90 kernels must contain FP8 wgmma (QGMMA) and TMA loads; spills show as LDL/STL.
+      if [ -n "$objdump" ]; then
+        "$objdump" --dump-sass "$b" > "$logs/mxfp8_gemm.sass" 2>&1
+        echo "SASS of $(basename "$b"): QGMMA $(grep -c QGMMA "$logs/mxfp8_gemm.sass"), UTMALDG" \
+             "$(grep -c UTMALDG "$logs/mxfp8_gemm.sass"), local-memory LDL/STL $(grep -cE '\b(LDL|STL)\b' "$logs/mxfp8_gemm.sass")"
       fi
       ;;
   esac
