@@ -148,6 +148,12 @@ Plan* make_plan(const PlanKey& k, cublasLtHandle_t lt) {
     if (st == CUBLAS_STATUS_SUCCESS)
       st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k.align_c,
                                                 sizeof(k.align_c));
+    // Split-K reductions only through the workspace: the in-place scheme adds partial tiles into C with
+    // atomics, whose order varies from run to run (training must repeat bit for bit).
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_MASK & ~static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_INPLACE);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                sizeof(schemes));
     if (st == CUBLAS_STATUS_SUCCESS)
       st = cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);

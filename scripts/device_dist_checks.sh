@@ -12,6 +12,11 @@
 #   ckpt8x1b  8x1B on 1 GPU: async save at step 2, then resume from it: save, stall and load times
 #   profile8x1b  8x1B on 1 GPU, one micro-batch and one optimizer step under ncu (kernel durations only): GPU
 #             time per kernel family, the top of the list printed
+#   mxgpu     the MXFP8 CUDA tests (quantisers, GEMMs, expert MLP, dense linear, a short fp8 training run) vs CPU twins
+#   conv      convergence, bf16 (GPU 0) beside MXFP8 (GPU 1) on the same data: L0_sanity 300 steps, then 8x1B
+#             (seq 4096, mbs 1, acc 1, lr 3e-4) 300 steps
+#   fp8speed  8x1B (seq 4096, mbs 1, acc 8): bf16, MXFP8, and the HF baseline (shared/bench/hf_baseline.py copied
+#             into BIN_DIR), one after the other: tokens/s and peak memory
 #   ep8x7b    8x7B layer shapes, 8 layers (6 if 8 do not fit), EP=2 on 2 GPUs: memory plan vs measured peak,
 #             tokens/s per GPU, model TFLOP/s and NCCL time
 set -uo pipefail
@@ -102,6 +107,9 @@ for section in "$@"; do
     add "8x1B async save" "rc=$? $(grep -h 'checkpoint step' "$OUT/ck8_save.log" | sed 's/^.*\] //' | tr '\n' ' ')"
     timeout 300 "$MX" $C8 num_train_steps=4 checkpoint.save_every_n_steps=0 >"$OUT/ck8_load.log" 2>&1
     add "8x1B resume (load)" "rc=$? $(grep -h 'resumed from' "$OUT/ck8_load.log" | sed 's/^.*\] //')"
+    timeout 300 "$MX" $C8 num_train_steps=4 checkpoint.ckpt_dir=null output_dir="$OUT/ck8_straight" \
+      >"$OUT/ck8_straight.log" 2>&1
+    add "8x1B 2+2 resume vs 4 straight" "$(metrics straight="$OUT/ck8_straight/metrics.jsonl" resumed="$OUT/ck8/metrics.jsonl" | tail -1)"
     unset CUDA_VISIBLE_DEVICES
     du -sh /tmp/ck8/* 2>/dev/null
     rm -rf /tmp/ck8
@@ -129,6 +137,51 @@ print(f"total GPU kernel time {s:.1f} ms over {sum(cnt.values())} kernels")
 for k, v in sorted(tot.items(), key=lambda x: -x[1])[:25]:
     print(f"{v:9.2f} ms {100 * v / s:5.1f}%  x{cnt[k]:<5d} {k[:90]}")
 PY
+    ;;
+  mxgpu)
+    CUDA_VISIBLE_DEVICES=0 timeout 300 "$BIN_DIR/mxtrain_tests" \
+      --gtest_filter='*Mxfp8*:*CudaMx*:Formats/CudaMx*' >"$OUT/mx_tests.log" 2>&1
+    add "MXFP8 CUDA tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/mx_tests.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]|Failure|Expected|Which is|actual' "$OUT/mx_tests.log" | head -30
+    ;;
+  conv)
+    L0C="--config-name L0_sanity parallelism.ep_size=1 backend=cuda num_train_steps=300 \
+         lr_scheduler_kwargs.num_warmup_steps=20 lr_scheduler_kwargs.num_decay_steps=280"
+    CUDA_VISIBLE_DEVICES=0 "$MX" $L0C output_dir="$OUT/conv_l0_bf16" >"$OUT/conv_l0_bf16.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=1 "$MX" $L0C fp8_config.enabled=true output_dir="$OUT/conv_l0_mx" >"$OUT/conv_l0_mx.log" 2>&1
+    wait
+    metrics bf16="$OUT/conv_l0_bf16/metrics.jsonl" mxfp8="$OUT/conv_l0_mx/metrics.jsonl" | tail -1
+    C8="--config-name bench_8x1B backend=cuda num_train_steps=300 grad_acc_steps=1 adamw_kwargs.lr=3e-4 \
+        lr_scheduler_kwargs.num_warmup_steps=20 lr_scheduler_kwargs.num_decay_steps=280 logger.frequency=1"
+    CUDA_VISIBLE_DEVICES=0 timeout 400 "$MX" $C8 output_dir="$OUT/conv_8x1b_bf16" >"$OUT/conv_8x1b_bf16.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=1 timeout 400 "$MX" $C8 fp8_config.enabled=true output_dir="$OUT/conv_8x1b_mx" \
+      >"$OUT/conv_8x1b_mx.log" 2>&1
+    wait
+    python3 - "$OUT" <<'PY' | tee "$OUT/conv.txt"
+import json, sys
+out = sys.argv[1]
+for name in ("l0", "8x1b"):
+    try:
+        a = [json.loads(l)["loss"] for l in open(f"{out}/conv_{name}_bf16/metrics.jsonl")]
+        b = [json.loads(l)["loss"] for l in open(f"{out}/conv_{name}_mx/metrics.jsonl")]
+    except OSError as e:
+        print(name, e); continue
+    tail = lambda v: sum(v[-20:]) / len(v[-20:])
+    print(f"{name}: steps bf16 {len(a)} mxfp8 {len(b)}; final (mean of last 20) bf16 {tail(a):.4f} mxfp8 {tail(b):.4f} "
+          f"rel diff {abs(tail(b) - tail(a)) / tail(a):.3%}; max loss after step 50 bf16 {max(a[50:]):.3f} mxfp8 {max(b[50:]):.3f}")
+PY
+    add "convergence bf16 vs MXFP8" "$(tr '\n' ' ' <"$OUT/conv.txt" | cut -c1-300)"
+    ;;
+  fp8speed)
+    B8="--config-name bench_8x1B backend=cuda"
+    CUDA_VISIBLE_DEVICES=0 "$MX" $B8 output_dir="$OUT/sp_bf16" >"$OUT/sp_bf16.log" 2>&1
+    CUDA_VISIBLE_DEVICES=0 "$MX" $B8 fp8_config.enabled=true output_dir="$OUT/sp_mx" >"$OUT/sp_mx.log" 2>&1
+    CUDA_VISIBLE_DEVICES=0 timeout 300 python3 "$BIN_DIR/hf_baseline.py" --preset 8x1B --seq 4096 --mbs 1 \
+      --acc 8 >"$OUT/sp_hf.log" 2>&1
+    metrics bf16="$OUT/sp_bf16/metrics.jsonl" mxfp8="$OUT/sp_mx/metrics.jsonl" | tee "$OUT/sp.txt"
+    grep -h "peak allocated" "$OUT/sp_bf16.log" "$OUT/sp_mx.log" | sed 's/^.*\] //' | tee -a "$OUT/sp.txt"
+    tail -5 "$OUT/sp_hf.log" | tee -a "$OUT/sp.txt"
+    add "8x1B speed bf16/MXFP8/HF" "$(head -2 "$OUT/sp.txt" | tr '\n' ' ' | cut -c1-300)"
     ;;
   ep8x7b)
     for layers in 8 6; do
