@@ -53,8 +53,14 @@ TEST(CudaMxDense, LinearMatchesTheCpuTwin) {
   auto gpu = make_cuda_ops();
   auto cpu = make_cpu_ops();
   const int64_t T = 96, in = 128, out = 64;
-  const std::vector<float> x = randn(T * in, 1), w = randn(out * in, 2, 0.1f), dy = randn(T * out, 3, 1e-2f),
-                           dx0 = randn(T * in, 4, 1e-3f);
+  // bf16-representable inputs: the CUDA side quantises from bf16 and the CPU twin from fp32, so only exact
+  // bf16 values give both the same FP8 codes.
+  auto exact = [](std::vector<float> v) {
+    for (float& e : v) e = MxExpertProblem::bf16(e);
+    return v;
+  };
+  const std::vector<float> x = exact(randn(T * in, 1)), w = exact(randn(out * in, 2, 0.1f)),
+                           dy = exact(randn(T * out, 3, 1e-2f)), dx0 = exact(randn(T * in, 4, 1e-3f));
   struct Side {
     Arena arena;
     MxWeight W;
@@ -96,7 +102,9 @@ TEST(CudaMxDense, LinearMatchesTheCpuTwin) {
   setup(*cpu, c);
   EXPECT_LT(mx_rel_l2(MxExpertBuffers::get(*gpu, g.ty), MxExpertBuffers::get(*cpu, c.ty)), 5e-3);
   EXPECT_LT(mx_rel_l2(MxExpertBuffers::get(*gpu, g.tdx), MxExpertBuffers::get(*cpu, c.tdx)), 5e-3);
-  EXPECT_LT(mx_rel_l2(MxExpertBuffers::get(*gpu, g.tdw), MxExpertBuffers::get(*cpu, c.tdw)), 1e-4);
+  // 5e-4, not fp32-tight: Hopper's FP8 wgmma rounds its 32-product partial sums toward zero (the sm90 kernel's
+  // tests measure up to 4.4e-4 of sum |ab|).
+  EXPECT_LT(mx_rel_l2(MxExpertBuffers::get(*gpu, g.tdw), MxExpertBuffers::get(*cpu, c.tdw)), 5e-4);
 }
 
 // The tiny L0 shape for 10 steps with fp8_config.enabled on both backends: the losses track each other.
