@@ -16,6 +16,7 @@
 #include "dist/dist_internal.hpp"
 #include "dist/watchdog.hpp"
 #include "mxtrain/comm.hpp"
+#include "mxtrain/ops.hpp"
 
 namespace mxt {
 namespace {
@@ -225,6 +226,33 @@ TEST(SelfComm, CopiesOnTheHostAndIsInPlaceOtherwise) {
   auto dev = make_self_comm(Device::CUDA, "self");
   dev->reduce_scatter_sum(src.data(), src.data(), 6, CommType::F32);  // in place: no device access
   EXPECT_THROW(dev->all_gather(src.data(), dst.data(), 6, CommType::F32), std::logic_error);
+}
+
+// One EP rank: every routed row stays here; the statistics count each exchange, the rows and the largest layer.
+TEST(EpExchange, StatisticsCountRowsAndExchanges) {
+  auto ops = make_cpu_ops();
+  auto self = make_self_comm(Device::CPU, "ep");
+  ExpertParallel ep;
+  ep.comm = self.get();
+  ep.host = self.get();
+  const EpExchangeStats before = ep_exchange_stats();
+  std::vector<int32_t> off = {0, 3, 3, 10, 12};  // 4 experts, 12 rows, expert 1 empty
+  EpSplits sp;
+  exchange_expert_counts(*ops, Tensor(off.data(), DType::I32, {5}), 4, ep, 100, sp);
+  EXPECT_EQ(sp.recv_rows, 12);
+  off = {0, 1, 2, 3, 40};
+  exchange_expert_counts(*ops, Tensor(off.data(), DType::I32, {5}), 4, ep, 100, sp);
+  const EpExchangeStats& after = ep_exchange_stats();
+  EXPECT_EQ(after.exchanges - before.exchanges, 2);
+  EXPECT_EQ(after.rows_sent - before.rows_sent, 52);
+  EXPECT_EQ(after.rows_received - before.rows_received, 52);
+  EXPECT_GE(after.max_received, 40);
+  EXPECT_GE(after.download_s, before.download_s);
+  EXPECT_GE(after.peer_wait_s, before.peer_wait_s);
+  // Too many rows for the receive buffers: an error naming the key, and nothing is counted.
+  EXPECT_THAT([&] { exchange_expert_counts(*ops, Tensor(off.data(), DType::I32, {5}), 4, ep, 39, sp); },
+              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("parallelism.ep_capacity_factor")));
+  EXPECT_EQ(ep_exchange_stats().exchanges - before.exchanges, 2);
 }
 
 // ---- watchdog -------------------------------------------------------------------------------------------

@@ -138,6 +138,17 @@ void plan_ep_splits(const std::vector<int32_t>& my_counts, const std::vector<int
 // checks the receive capacity (throws naming parallelism.ep_capacity_factor when it is exceeded).
 void exchange_expert_counts(Ops& ops, const Tensor& offsets, int64_t num_experts, const ExpertParallel& ep,
                             int64_t capacity_rows, EpSplits& out);
+// What the exchanges above saw in this process: how evenly the routed rows fell on this rank's experts, and how
+// long the host waited for the device (the counts download drains the stream) and for the peers (the count
+// all-to-all returns when the slowest EP rank reaches the same layer). Rows sent and received are per layer.
+struct EpExchangeStats {
+  int64_t exchanges = 0;
+  int64_t rows_sent = 0, rows_received = 0, max_received = 0;
+  double download_s = 0, peer_wait_s = 0;
+};
+const EpExchangeStats& ep_exchange_stats();
+// Gathers every rank's statistics over `world` (host memory; a collective) and logs one info line per rank.
+void log_ep_exchange_stats(Comm& world);
 
 // ---- ZeRO-1: optimizer state sharded over the ranks that hold replicas of a flat buffer --------------------
 

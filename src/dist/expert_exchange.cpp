@@ -1,8 +1,10 @@
 // Expert parallelism's bookkeeping: the receive capacity, and the splits of the token all-to-all derived from
 // the per-expert counts, which is where routing decisions reach the host (one download per MoE layer).
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
 
@@ -10,6 +12,33 @@
 #include "mxtrain/ops.hpp"
 
 namespace mxt {
+
+namespace {
+EpExchangeStats g_stats;  // the exchanges run on the training thread only
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+const EpExchangeStats& ep_exchange_stats() { return g_stats; }
+
+void log_ep_exchange_stats(Comm& world) {
+  const EpExchangeStats& s = g_stats;
+  constexpr int kFields = 6;
+  const double mine[kFields] = {static_cast<double>(s.exchanges),     static_cast<double>(s.rows_sent),
+                                static_cast<double>(s.rows_received), static_cast<double>(s.max_received),
+                                s.download_s,                         s.peer_wait_s};
+  std::vector<double> all(static_cast<size_t>(kFields * world.size()));
+  world.all_gather(mine, all.data(), kFields, CommType::F64);
+  if (world.rank() != 0) return;
+  for (int r = 0; r < world.size(); ++r) {
+    const double* v = all.data() + r * kFields;
+    if (v[0] == 0) continue;
+    spdlog::info("EP exchanges, world rank {}: {:.0f} layers x micro-batches; rows per layer sent {:.0f}, received "
+                 "{:.0f} (max {:.0f}); host waited {:.3f} s for the device (counts download) and {:.3f} s for the "
+                 "peers (count all-to-all)", r, v[0], v[1] / v[0], v[2] / v[0], v[3], v[4], v[5]);
+  }
+}
 
 // Worst case: every one of a peer's T tokens sends min(k, El) of its k (distinct) experts' rows here.
 int64_t ep_capacity_rows(int64_t tokens, int64_t k, int64_t num_experts, int ep_size, double capacity_factor) {
@@ -69,19 +98,27 @@ void exchange_expert_counts(Ops& ops, const Tensor& offsets, int64_t num_experts
                             int64_t capacity_rows, EpSplits& out) {
   const int64_t E = num_experts, El = E / ep.size;
   std::vector<int32_t> off(static_cast<size_t>(E + 1)), mine(static_cast<size_t>(E)), theirs(static_cast<size_t>(E));
+  auto t0 = std::chrono::steady_clock::now();
   ops.download(off.data(), offsets.data, off.size() * sizeof(int32_t));
+  g_stats.download_s += seconds_since(t0);
   for (int64_t e = 0; e < E; ++e) mine[e] = off[e + 1] - off[e];
   // Peer p gets my counts of its experts [p*El, (p+1)*El); I get theirs of mine, at [p*El, (p+1)*El).
   std::vector<int64_t> counts(ep.size, El), displs(ep.size);
   for (int p = 0; p < ep.size; ++p) displs[p] = p * El;
+  t0 = std::chrono::steady_clock::now();
   ep.host->all_to_all_v(mine.data(), counts.data(), displs.data(), theirs.data(), counts.data(), displs.data(), 1,
                         CommType::I32);
+  g_stats.peer_wait_s += seconds_since(t0);
   plan_ep_splits(mine, theirs, ep.size, out);
   if (out.recv_rows > capacity_rows)
     throw std::runtime_error(fmt::format(
         "expert parallelism: EP rank {} receives {} routed rows for its experts, more than its buffers hold ({} "
         "rows, parallelism.ep_capacity_factor={}); raise parallelism.ep_capacity_factor, or set it to 0 for the "
         "worst case", ep.rank, out.recv_rows, capacity_rows, ep.capacity_factor));
+  ++g_stats.exchanges;
+  for (int64_t c : out.send_counts) g_stats.rows_sent += c;
+  g_stats.rows_received += out.recv_rows;
+  g_stats.max_received = std::max(g_stats.max_received, out.recv_rows);
 }
 
 }  // namespace mxt

@@ -10,6 +10,7 @@
 #include "mxtrain/lr_schedule.hpp"
 #include "mxtrain/metrics.hpp"
 #include "mxtrain/safetensors.hpp"
+#include "mxtrain/trace.hpp"
 
 #include <nlohmann/json.hpp>
 #include <filesystem>
@@ -128,6 +129,7 @@ StepResult Trainer::train_step() {
     const float ce_scale = 1.f / static_cast<float>(std::max<int64_t>(1, n_valid[i]) * micro_total);
     const int64_t micro = (step_ * acc + i) * world_ + rank_;
     const uint64_t jitter_seed = cfg_.seed ^ (static_cast<uint64_t>(micro) * 0x9E3779B97F4A7C15ull);
+    TraceScope trace("micro_batch " + std::to_string(i));
     aux_sum += model_->forward_backward(mb_, ce_scale, 1.f / static_cast<float>(micro_total),
                                         loss_slots_.rows(i, 1), true, jitter_seed);
   }
@@ -141,6 +143,7 @@ StepResult Trainer::train_step() {
   r.aux_loss = sums[1] / static_cast<double>(micro_total);
   r.loss += cfg_.model.router_aux_loss_coef * r.aux_loss;
 
+  TraceScope trace_opt("grad_reduce + optimizer");
   // Gradients: dense summed over the world, experts over their DP replicas; each rank keeps its shard.
   reduce_scatter_grads(dense_shard_, dense_.grad);
   reduce_scatter_grads(expert_shard_, expert_.grad);
@@ -224,6 +227,7 @@ std::vector<double> Trainer::run() {
     }
     if (ckpt_) ckpt_->after_step(ckpt_state());
   }
+  if (cfg_.parallelism.ep_size > 1) log_ep_exchange_stats(*groups_->world_host);
   if (ckpt_) ckpt_->finish();
   if (cfg_.checkpoint.save_final_model && !cfg_.checkpoint.ckpt_dir.empty()) {
     const std::string dir = cfg_.checkpoint.ckpt_dir + "/final_model";
