@@ -23,6 +23,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -110,6 +111,13 @@ class Checkpointer {
   std::unique_ptr<CkptComm> comm_;
   std::unique_ptr<Pending> pending_;
   std::vector<std::vector<float>> spare_;  // the last async snapshot's host buffers, reused by the next
+  // async_save: the first snapshot's host buffers, allocated and touched on a background thread after the first
+  // step, so that the first save does not stall the step loop on page faults (most of a snapshot's cost).
+  void start_prefault(const TrainState& s);
+  void take_prefault();
+  std::thread prefault_;
+  std::vector<std::vector<float>> prefaulted_;
+  bool prefault_started_ = false;
   int64_t last_saved_step_ = -1;
 };
 

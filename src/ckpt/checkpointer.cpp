@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <thread>
 
 #include "ckpt/ckpt_internal.hpp"
@@ -125,6 +126,7 @@ Checkpointer::Checkpointer(const TrainConfig& cfg, std::unique_ptr<CkptComm> com
     : cfg_(cfg), comm_(comm ? std::move(comm) : std::make_unique<CkptComm>()) {}
 
 Checkpointer::~Checkpointer() {
+  if (prefault_.joinable()) prefault_.join();
   if (!pending_) return;
   if (pending_->thread.joinable()) pending_->thread.join();
   if (pending_->outcome.empty())
@@ -152,7 +154,35 @@ void Checkpointer::wait_pending() {
 
 void Checkpointer::after_step(const TrainState& s) {
   const int64_t every = cfg_.checkpoint.save_every_n_steps;
+  if (every > 0 && cfg_.checkpoint.async_save && !prefault_started_) start_prefault(s);
   if (every > 0 && s.step % every == 0) save(s);
+}
+
+void Checkpointer::start_prefault(const TrainState& s) {
+  prefault_started_ = true;
+  if (!spare_.empty()) return;
+  std::vector<int64_t> sizes;
+  int64_t bytes = 0;
+  for (const Segment& seg : write_segments(s, plan_writes(s, comm_->rank(), comm_->size()))) {
+    sizes.push_back(seg.numel());
+    bytes += seg.numel() * static_cast<int64_t>(sizeof(float));
+  }
+  const int64_t avail = available_host_memory();
+  if (avail >= 0 && static_cast<double>(bytes) > 0.8 * static_cast<double>(avail)) return;  // save() decides
+  prefault_ = std::thread([this, sizes = std::move(sizes)] {
+    try {
+      for (int64_t n : sizes) prefaulted_.emplace_back(static_cast<size_t>(n));  // zero-filled: pages touched
+    } catch (const std::bad_alloc&) {
+      prefaulted_.clear();  // the snapshot allocates (and reports) for itself
+    }
+  });
+}
+
+void Checkpointer::take_prefault() {
+  if (!prefault_.joinable()) return;
+  prefault_.join();
+  if (spare_.empty()) spare_ = std::move(prefaulted_);
+  prefaulted_.clear();
 }
 
 void Checkpointer::finish() {
@@ -209,6 +239,7 @@ void Checkpointer::save(const TrainState& s) {
                    gb_per_s(st.bytes, total_s), total_s, st.write_s, outcome.substr(3));
     return;
   }
+  take_prefault();
   for (size_t i = 0; i < p->segs.size() && i < spare_.size(); ++i)
     if (static_cast<int64_t>(spare_[i].size()) == p->segs[i].numel()) p->segs[i].host = std::move(spare_[i]);
   spare_.clear();

@@ -5,10 +5,12 @@
 // combine of the input and routing-weight gradients. The splits come from exchange_expert_counts, the one
 // place where routing reaches the host, once per layer per forward; the backward reuses them.
 #include "mxtrain/model.hpp"
+#include "mxtrain/trace.hpp"
 
 namespace mxt {
 
 int64_t MixtralModel::moe_dispatch(int l) {
+  TraceScope trace("ep dispatch");
   LayerActs& a = acts_[l];
   EpSplits& sp = ep_splits_[l];
   exchange_expert_counts(ops_, a.offsets, E_, ep_, C_, sp);
@@ -27,6 +29,7 @@ int64_t MixtralModel::moe_dispatch(int l) {
 }
 
 void MixtralModel::moe_combine(int l, const Tensor& ye) {
+  TraceScope trace("ep combine");
   const LayerActs& a = acts_[l];
   const EpSplits& sp = ep_splits_[l];
   const int64_t n = sp.recv_rows;
@@ -36,6 +39,7 @@ void MixtralModel::moe_combine(int l, const Tensor& ye) {
 }
 
 void MixtralModel::moe_dispatch_grad(int l) {
+  TraceScope trace("ep dispatch (backward)");
   const LayerActs& a = acts_[l];
   const EpSplits& sp = ep_splits_[l];
   const int64_t n = sp.recv_rows;
@@ -45,6 +49,7 @@ void MixtralModel::moe_dispatch_grad(int l) {
 }
 
 void MixtralModel::moe_combine_grad(int l) {
+  TraceScope trace("ep combine (backward)");
   const LayerActs& a = acts_[l];
   const EpSplits& sp = ep_splits_[l];
   const int64_t n = sp.recv_rows;
