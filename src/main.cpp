@@ -41,12 +41,13 @@ int run(const mxt::CliOptions& opt, int rank, int world) {
   // a rank that sees a single GPU was bound to it by the launcher (srun --gpus-per-task, CUDA_VISIBLE_DEVICES).
   const mxt::NodeRank node = mxt::node_local_rank();
   const int device = mxt::cuda_device_count() == 1 ? 0 : node.local_rank;
-  std::string why;
-  auto ops = mxt::make_backend(cfg.backend, why, device);
-  if (opt.dry_run) {
-    if (rank == 0) std::fputs(mxt::format_memory_plan(cfg, mxt::plan_memory(cfg, *ops)).c_str(), stdout);
+  if (opt.dry_run) {  // the plan needs only the backend's dtype, so backend=cuda plans without a GPU
+    const mxt::MemoryPlan plan = mxt::plan_memory(cfg, mxt::backend_act_dtype(cfg.backend));
+    if (rank == 0) std::fputs(mxt::format_memory_plan(cfg, plan).c_str(), stdout);
     return 0;
   }
+  std::string why;
+  auto ops = mxt::make_backend(cfg.backend, why, device);
   mxt::validate_for_run(cfg, world);
   if (!opt.dump_dir.empty() && world > 1)
     throw mxt::ConfigError("--dump runs on one rank; run it without mpirun and with parallelism.ep_size=1");

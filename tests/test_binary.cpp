@@ -92,6 +92,16 @@ TEST(Binary, DryRunPrintsThePlanWithoutTraining) {
   EXPECT_THAT(r.output, HasSubstr("1 of 8 experts"));  // EP=8
 }
 
+// The plan needs only the backend's dtype: backend=cuda plans the bf16 run here, GPU or not, and with MXFP8
+// it has no bf16 working copy of the experts.
+TEST(Binary, DryRunPlansTheCudaRunWithoutAGpu) {
+  const RunResult r = run("--config-name L0_sanity --dry-run backend=cuda fp8_config.enabled=true");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("activations bf16"));
+  EXPECT_THAT(r.output, HasSubstr("experts: none"));
+  EXPECT_THAT(r.output, HasSubstr("MXFP8 weight copies"));
+}
+
 TEST(Binary, TrainsOnFastaAndRepeatsExactly) {
   const fs::path d = temp_dir("fasta");
   {

@@ -192,7 +192,7 @@ TEST(Fp8Training, WeightCopiesAreRefreshedAfterEachStep) {
   for (int step = 0; step < 2; ++step) {
     t.train_step();
     MixtralModel fresh(c.model, *ops, B, S, t.layout(), true, {}, c.fp8);
-    fresh.bind(t.dense().working, t.expert().working, t.dense().grad, t.expert().grad);
+    fresh.bind(t.dense().working, t.expert_weights(), t.dense().grad, t.expert().grad);
     const float after = loss_of(t.model());
     EXPECT_EQ(after, loss_of(fresh)) << "step " << step + 1;
     EXPECT_NE(after, before);
@@ -213,6 +213,44 @@ TEST(Fp8Training, MemoryPlanHasTheWeightCopies) {
   EXPECT_LT(on.fp8_weight_bytes, static_cast<size_t>(2 * 2 * per_layer * 1.1));
   EXPECT_NE(format_memory_plan(c, on).find("MXFP8 weight copies"), std::string::npos);
   EXPECT_EQ(format_memory_plan(tiny_l0(false), off).find("MXFP8"), std::string::npos);
+}
+
+// On a bf16 backend (planned here without one) MXFP8 drops the experts' bf16 working copy: their MXFP8 copies
+// are quantised from the fp32 master. The dense working copy stays; fp8 off keeps both; fp32 has neither.
+TEST(Fp8Training, Bf16PlanHasNoExpertWorkingCopy) {
+  for (const int64_t ep : {1, 2}) {
+    TrainConfig off_c = tiny_l0(false), on_c = tiny_l0(true);
+    off_c.parallelism.ep_size = on_c.parallelism.ep_size = ep;
+    const MemoryPlan off = plan_memory(off_c, DType::BF16), on = plan_memory(on_c, DType::BF16),
+                     off32 = plan_memory(off_c, DType::F32), on32 = plan_memory(on_c, DType::F32);
+    EXPECT_TRUE(has_expert_working_copy(off_c.fp8, DType::BF16));
+    EXPECT_FALSE(has_expert_working_copy(on_c.fp8, DType::BF16));
+    EXPECT_FALSE(has_expert_working_copy(off_c.fp8, DType::F32));
+    const size_t expert_bf16 = static_cast<size_t>(off.expert_params) * 2,
+                 dense_bf16 = static_cast<size_t>(off.dense_params) * 2;
+    EXPECT_EQ(off.expert_params, on_c.model.num_local_experts / ep * 2 * 3 * 128 * 64);  // per rank, 2 layers
+    EXPECT_EQ(off.expert_working_bytes, expert_bf16);
+    EXPECT_EQ(on.expert_working_bytes, 0u);
+    EXPECT_EQ(off.param_bytes - on.param_bytes, expert_bf16) << "ep " << ep;
+    EXPECT_EQ(off.param_bytes - off32.param_bytes, dense_bf16 + expert_bf16);
+    EXPECT_EQ(on.param_bytes - on32.param_bytes, dense_bf16);  // the dense working copy only
+    EXPECT_EQ(on.fp8_weight_bytes, on32.fp8_weight_bytes);
+    EXPECT_LT(on.activation_bytes, on32.activation_bytes);  // the arena is planned in bf16
+    // The CPU backend plans like F32.
+    auto ops = make_cpu_ops();
+    EXPECT_EQ(plan_memory(on_c, *ops).param_bytes, on32.param_bytes);
+    EXPECT_EQ(plan_memory(on_c, *ops).activation_bytes, on32.activation_bytes);
+    EXPECT_NE(format_memory_plan(on_c, on).find("experts: none"), std::string::npos);
+    EXPECT_EQ(format_memory_plan(off_c, off).find("experts: none"), std::string::npos);
+  }
+}
+
+// On the CPU backend the master is the working copy, and the model reads it.
+TEST(Fp8Training, Fp32TrainerReadsTheMaster) {
+  auto ops = make_cpu_ops();
+  Trainer t(tiny_l0(true), *ops, embedded_corpus_tokens());
+  EXPECT_EQ(t.expert().working.data, t.expert().master.data);
+  EXPECT_EQ(t.expert_weights().data, t.expert().master.data);
 }
 
 }  // namespace

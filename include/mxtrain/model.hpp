@@ -80,7 +80,9 @@ class MixtralModel {
   MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch, int64_t seq, const ParamLayout& layout,
                bool allocate = true, const ExpertParallel& ep = {}, const Fp8Config& fp8 = {});
 
-  // Point the model at its weights and gradient buffers (flat, laid out by the ParamLayout).
+  // Point the model at its weights and gradient buffers (flat, laid out by the ParamLayout). expert_w is in the
+  // activation dtype, or, with fp8_config.enabled, may be F32 (the fp32 master: the experts then read only the
+  // MXFP8 copies quantised from it).
   void bind(const Tensor& dense_w, const Tensor& expert_w, const Tensor& dense_g, const Tensor& expert_g);
 
   // One micro-batch. loss_sum[0] += summed token cross-entropy. With compute_grad, gradients of
@@ -110,7 +112,7 @@ class MixtralModel {
   double aux_loss_forward();       // after all layers: aux loss and per-expert gradient coefficients
   // MXFP8 (model_fp8.cpp)
   void plan_fp8();                 // the MXFP8 buffers, in arena_ and mx_weights_arena_
-  void quantize_fp8_weights();     // every MXFP8 weight copy from the working weights
+  void quantize_fp8_weights();     // every MXFP8 weight copy from the bound weights (experts: F32 master on CUDA)
   MxExpertRun mx_run(int l, int64_t n, const Tensor& offsets) const;
   MxDense mx_dense() const;
 

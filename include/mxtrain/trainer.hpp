@@ -52,6 +52,9 @@ class Trainer {
   const ParamLayout& layout() const { return layout_; }
   FlatParams& dense() { return dense_; }
   FlatParams& expert() { return expert_; }
+  // The expert weights the model reads: the working copy, or the fp32 master where there is none
+  // (MXFP8 on a bf16 backend, see has_expert_working_copy).
+  const Tensor& expert_weights() const { return expert_.working.data ? expert_.working : expert_.master; }
   const ProcessGroups& groups() const { return *groups_; }
   const ParamShard& dense_shard() const { return dense_shard_; }
   const ParamShard& expert_shard() const { return expert_shard_; }
@@ -87,10 +90,20 @@ struct MemoryPlan {
   int64_t dense_params = 0, expert_params = 0;
   size_t param_bytes = 0, activation_bytes = 0;
   size_t fp8_weight_bytes = 0;  // fp8_config.enabled: the MXFP8 weight copies (quantised once per step)
+  size_t expert_working_bytes = 0;  // part of param_bytes: the experts' working copy (0 if none)
+  DType act_dtype = DType::F32;     // the backend's activation / working-weight dtype the plan is for
   size_t scratch_bytes = 0;  // the ops' own temporaries (LM-head logits chunk) and the step's small buffers
   std::vector<std::pair<std::string, size_t>> largest;  // biggest activation buffers
 };
 MemoryPlan plan_memory(const TrainConfig& cfg, Ops& ops);
+// The plan for a backend whose activations (and working weights) are act_dtype (CPU: F32, CUDA: BF16), without
+// that backend: --dry-run backend=cuda plans the bf16 layout on a machine with no GPU.
+MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype);
+
+// Whether the trainer keeps a separate working copy of the expert weights in act_dtype. Not on an F32 backend
+// (the master is the working copy), and not with fp8_config.enabled: the experts then read only their MXFP8
+// copies, quantised straight from the fp32 master ("persistent MXFP8 weights"; saves 2 bytes per expert param).
+bool has_expert_working_copy(const Fp8Config& fp8, DType act_dtype);
 std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p);
 
 }  // namespace mxt

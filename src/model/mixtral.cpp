@@ -150,6 +150,12 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
 
 void MixtralModel::bind(const Tensor& dense_w, const Tensor& expert_w, const Tensor& dense_g,
                         const Tensor& expert_g) {
+  // With MXFP8 the expert weights are only quantised (mx_quantize takes F32 too), so the trainer may bind its
+  // fp32 master; the bf16 grouped GEMMs need them in the activation dtype.
+  if (!mx_ && expert_w.dtype != ops_.act_dtype())
+    throw std::invalid_argument(std::string("MixtralModel::bind: expert weights are ") + dtype_name(expert_w.dtype) +
+                                ", the expert GEMMs need " + dtype_name(ops_.act_dtype()) +
+                                " (only fp8_config.enabled reads them in another dtype)");
   w_ = bind_tensors(layout_, cfg_, dense_w, expert_w);
   g_ = bind_tensors(layout_, cfg_, dense_g, expert_g);
   mx_stale_ = true;

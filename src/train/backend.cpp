@@ -33,4 +33,12 @@ std::unique_ptr<Ops> make_backend(const std::string& backend, std::string& why, 
   return make_cpu_ops();
 }
 
+DType backend_act_dtype(const std::string& backend) {
+  if (backend == "cuda") return DType::BF16;  // CudaOps::act_dtype
+#ifdef MXTRAIN_HAVE_CUDA
+  if (backend == "auto" && cuda_device_count() > 0) return DType::BF16;
+#endif
+  return DType::F32;  // CpuOps::act_dtype
+}
+
 }  // namespace mxt

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <stdexcept>
 
+#include "cpu/cpu_ops.hpp"
 #include "mxtrain/checkpoint.hpp"
 #include "mxtrain/lr_schedule.hpp"
 #include "mxtrain/metrics.hpp"
@@ -52,7 +54,8 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
     state_.add(fp->adam_m, p + "adam_m", F, {sh.shard});
     state_.add(fp->adam_v, p + "adam_v", F, {sh.shard});
     fp->shard_offset = sh.offset;
-    if (ops.act_dtype() != F) state_.add(fp->working, p + "working", ops.act_dtype(), {sh.numel});
+    const bool working = fp == &dense_ ? ops.act_dtype() != F : has_expert_working_copy(cfg.fp8, ops.act_dtype());
+    if (working) state_.add(fp->working, p + "working", ops.act_dtype(), {sh.numel});
   }
   state_.add(mb_.ids, "batch.ids", DType::I32, {T});
   state_.add(mb_.labels, "batch.labels", DType::I32, {T});
@@ -65,6 +68,8 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
     dense_.working = dense_.master;
     expert_.working = expert_.master;
   }
+  // else without an expert working copy (MXFP8 on bf16) expert_.working stays empty: the model reads the
+  // master (expert_weights()), from which it quantises its MXFP8 expert copies.
 
   std::vector<float> dense, expert;
   if (cfg.init_from_pretrained.empty()) {
@@ -81,7 +86,7 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
                           groups_->layout.ep_size, cfg.parallelism.ep_capacity_factor};
   model_ = std::make_unique<MixtralModel>(cfg.model, ops_, cfg.dataset.micro_batch_size,
                                           cfg.dataset.max_seq_length, layout_, true, ep, cfg.fp8);
-  model_->bind(dense_.working, expert_.working, dense_.grad, expert_.grad);
+  model_->bind(dense_.working, expert_weights(), dense_.grad, expert_.grad);
   if (!cfg.checkpoint.ckpt_dir.empty())
     ckpt_ = std::make_unique<Checkpointer>(cfg, world_ > 1 ? make_mpi_ckpt_comm() : nullptr);
 }
@@ -97,8 +102,9 @@ TrainState Trainer::ckpt_state() {
 }
 
 void Trainer::refresh_working_weights() {
-  for (FlatParams* fp : {&dense_, &expert_})
-    if (fp->working.data != fp->master.data) ops_.copy(fp->master.rows(0, fp->working.numel()), fp->working);
+  for (FlatParams* fp : {&dense_, &expert_})  // (no expert working copy with MXFP8 on bf16: nothing to copy)
+    if (fp->working.data && fp->working.data != fp->master.data)
+      ops_.copy(fp->master.rows(0, fp->working.numel()), fp->working);
   if (model_) model_->invalidate_fp8_weights();  // MXFP8 copies are re-quantised by the next forward
 }
 
@@ -291,7 +297,7 @@ void Trainer::dump_first_batch(const std::string& dir) {
   // Logits of the same batch from the saved final hidden state (outside the step: allocation is fine here).
   const Tensor& h = model_->final_hidden();
   const int64_t T = h.dim(0), V = cfg_.model.vocab_size;
-  const ModelTensors w = bind_tensors(layout_, cfg_.model, dense_.working, expert_.working);
+  const ModelTensors w = bind_tensors(layout_, cfg_.model, dense_.working, expert_weights());  // lm_head only
   Tensor logits(ops_.alloc(static_cast<size_t>(T * V) * sizeof(float)), DType::F32, {T, V}, ops_.device());
   ops_.gemm(false, true, T, V, cfg_.model.hidden_size, 1.f, h, w.lm_head, 0.f, logits);
   std::vector<float> host(static_cast<size_t>(T * V));
@@ -309,22 +315,49 @@ void Trainer::dump_first_batch(const std::string& dir) {
   write_file_atomic(dir + "/loss.json", j.dump(2) + "\n");
 }
 
-MemoryPlan plan_memory(const TrainConfig& cfg, Ops& ops) {
+bool has_expert_working_copy(const Fp8Config& fp8, DType act_dtype) {
+  return act_dtype != DType::F32 && !fp8.enabled;
+}
+
+namespace {
+// Stands in for a backend while a model is only planned (allocate=false): the plan reads nothing of the
+// backend but its activation dtype. Anything that would allocate fails.
+class PlanningOps : public CpuOps {
+ public:
+  explicit PlanningOps(DType act) : act_(act) {}
+  DType act_dtype() const override { return act_; }
+  void* alloc(size_t) override { throw std::logic_error("PlanningOps: a memory plan allocates nothing"); }
+
+ private:
+  DType act_;
+};
+}  // namespace
+
+MemoryPlan plan_memory(const TrainConfig& cfg, Ops& ops) { return plan_memory(cfg, ops.act_dtype()); }
+
+MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
   MemoryPlan p;
   const ParamLayout layout = ParamLayout::build(cfg.model, 0, local_experts(cfg));
   p.dense_params = layout.dense_numel;
   p.expert_params = layout.expert_numel;
-  // fp32 master + gradient (padded to the replica count) + two AdamW moments of this rank's ZeRO-1 shard.
-  const size_t working = ops.act_dtype() == DType::F32 ? 0 : dtype_size(ops.act_dtype());
-  auto bytes = [&](int64_t n, int64_t replicas) {
+  // fp32 master + gradient (padded to the replica count) + two AdamW moments of this rank's ZeRO-1 shard,
+  // + the working copy in the activation dtype where the trainer keeps one (as its constructor decides).
+  const size_t act = dtype_size(act_dtype);
+  const size_t dense_working = act_dtype == DType::F32 ? 0 : act;
+  const size_t expert_working = has_expert_working_copy(cfg.fp8, act_dtype) ? act : 0;
+  auto bytes = [&](int64_t n, int64_t replicas, size_t working) {
     const int64_t shard = (n + replicas - 1) / replicas;
     return static_cast<size_t>(shard * replicas) * 2 * sizeof(float) + static_cast<size_t>(shard) * 2 * sizeof(float) +
            static_cast<size_t>(n) * working;
   };
   const int64_t world = cfg.parallelism.dp_size * cfg.parallelism.ep_size;
-  p.param_bytes = bytes(layout.dense_numel, world) + bytes(layout.expert_numel, cfg.parallelism.dp_size);
+  p.param_bytes = bytes(layout.dense_numel, world, dense_working) +
+                  bytes(layout.expert_numel, cfg.parallelism.dp_size, expert_working);
+  p.expert_working_bytes = static_cast<size_t>(layout.expert_numel) * expert_working;
+  p.act_dtype = act_dtype;
   const ExpertParallel ep{nullptr, nullptr, 0, static_cast<int>(cfg.parallelism.ep_size),
                           cfg.parallelism.ep_capacity_factor};
+  PlanningOps ops(act_dtype);
   MixtralModel planned(cfg.model, ops, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length, layout, false, ep,
                        cfg.fp8);
   p.activation_bytes = planned.arena().total_bytes();
@@ -339,16 +372,23 @@ MemoryPlan plan_memory(const TrainConfig& cfg, Ops& ops) {
 
 std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
   auto gib = [](size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); };
+  // What the parameter line holds besides the fp32 state: the working copies the forward reads.
+  const std::string act = dtype_name(p.act_dtype);
+  const std::string working =
+      p.act_dtype == DType::F32 ? " (the master is the working copy)"
+      : p.expert_working_bytes  ? " + " + act + " working copy"
+                                : " + " + act + " working copy of the dense weights (experts: none, their MXFP8 "
+                                  "copies are quantised from the fp32 master)";
   std::string s = fmt::format(
-      "memory plan per rank (ep_size {}, dp_size {}, micro-batch {} x seq {}):\n"
+      "memory plan per rank (ep_size {}, dp_size {}, micro-batch {} x seq {}, activations {}):\n"
       "  parameters: {:.3f} B dense + {:.3f} B expert (this rank's {} of {} experts)\n"
-      "  fp32 master + grads + AdamW (+ working copy): {:.2f} GiB (AdamW moments: ZeRO-1 shards over {} ranks "
+      "  fp32 master + grads + AdamW{}: {:.2f} GiB (AdamW moments: ZeRO-1 shards over {} ranks "
       "dense, {} expert)\n"
       "{}"
       "  activations (arena): {:.2f} GiB\n"
       "  total: {:.2f} GiB\n  largest activation buffers:\n",
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
-      p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts,
+      act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts, working,
       gib(p.param_bytes), cfg.parallelism.dp_size * cfg.parallelism.ep_size, cfg.parallelism.dp_size,
       p.fp8_weight_bytes ? fmt::format("  MXFP8 weight copies (E4M3 rowwise + columnwise, {}): {:.2f} GiB\n",
                                        cfg.fp8.keep_attention_bf16 ? "experts" : "experts, QKV, O",
