@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "mxtrain/model.hpp"
+#include "mxtrain/trace.hpp"
 
 namespace mxt {
 
@@ -183,6 +184,7 @@ double MixtralModel::forward_backward(const MicroBatch& mb, float ce_scale, floa
   mb_ = &mb;
   aux_grad_scale_ = aux_scale;
   if (mx_ && mx_stale_) {  // once per optimizer step: every micro-batch of the step reuses the copies
+    TraceScope trace("quantize fp8 weights");
     quantize_fp8_weights();
     mx_stale_ = false;
   }
@@ -192,7 +194,11 @@ double MixtralModel::forward_backward(const MicroBatch& mb, float ce_scale, floa
   }
   ops_.embedding_forward(mb.ids, w_.embed, acts_[0].x_in);
   for (int l = 0; l < static_cast<int>(acts_.size()); ++l) {
-    attention_forward(l);
+    {
+      TraceScope trace("layer " + std::to_string(l) + " attention");
+      attention_forward(l);
+    }
+    TraceScope trace("layer " + std::to_string(l) + " moe");
     moe_forward(l, compute_grad, jitter_seed);
   }
   ops_.rmsnorm_forward(x_final_, w_.norm, static_cast<float>(cfg_.rms_norm_eps), ln_final_, rstd_final_);
@@ -201,10 +207,17 @@ double MixtralModel::forward_backward(const MicroBatch& mb, float ce_scale, floa
     ops_.lm_head_loss(ln_final_, w_.lm_head, mb.labels, ce_scale, loss_sum, Tensor(), Tensor());
     return aux;
   }
-  ops_.lm_head_loss(ln_final_, w_.lm_head, mb.labels, ce_scale, loss_sum, s_.dtmp, g_.lm_head);
+  {
+    TraceScope trace("lm head + loss (forward and backward)");
+    ops_.lm_head_loss(ln_final_, w_.lm_head, mb.labels, ce_scale, loss_sum, s_.dtmp, g_.lm_head);
+  }
   ops_.rmsnorm_backward(s_.dtmp, x_final_, w_.norm, rstd_final_, s_.dx, g_.norm);
   for (int l = static_cast<int>(acts_.size()) - 1; l >= 0; --l) {
-    moe_backward(l);
+    {
+      TraceScope trace("layer " + std::to_string(l) + " moe backward");
+      moe_backward(l);
+    }
+    TraceScope trace("layer " + std::to_string(l) + " attention backward");
     attention_backward(l);
   }
   ops_.embedding_backward(mb.ids, s_.dx, g_.embed);
