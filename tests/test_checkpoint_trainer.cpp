@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "ckpt/ckpt_internal.hpp"
+#include "tiny_config.hpp"
 #include "mxtrain/checkpoint.hpp"
 #include "mxtrain/data.hpp"
 #include "mxtrain/trainer.hpp"
@@ -25,24 +26,10 @@ namespace {
 namespace fs = std::filesystem;
 
 TrainConfig tiny(const std::string& name) {
-  TrainConfig c;
-  c.model.vocab_size = 256;
-  c.model.hidden_size = 32;
-  c.model.intermediate_size = 48;
-  c.model.num_hidden_layers = 2;
-  c.model.num_attention_heads = 4;
-  c.model.num_key_value_heads = 2;
-  c.model.num_local_experts = 4;
-  c.model.num_experts_per_tok = 2;
-  c.model.max_position_embeddings = 64;
-  c.model.rope_theta = 10000;
+  TrainConfig c = testing::tiny_config("unused");
   c.model.router_jitter_noise = 0.05;  // the jitter stream must continue across a resume
   c.model.router_aux_loss_coef = 0.01;
-  c.dataset.micro_batch_size = 2;
-  c.dataset.max_seq_length = 32;
-  c.dataset.stride = 8;
-  c.grad_acc_steps = 2;
-  c.adamw.lr = 3e-3;
+  c.num_train_steps = TrainConfig{}.num_train_steps;
   c.lr_scheduler = {2, 10, 0.1};
   c.logger.frequency = 1;
   const fs::path root = fs::temp_directory_path() / ("mxtrain_ckpt_trainer_" + name);

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "mx_experts_test_util.hpp"
+#include "tiny_config.hpp"
 #include "mxtrain/data.hpp"
 #include "mxtrain/mxfp8.hpp"
 #include "mxtrain/trainer.hpp"
@@ -109,26 +110,7 @@ TEST(Fp8ExpertsDirections, ForwardAndWgradMatchTheFp64Reference) {
 
 // The tiny L0 shape (multiples of 32 where MXFP8 needs them), 30 steps with MXFP8 on and off.
 TrainConfig tiny_l0(bool fp8, const std::string& format = "E4M3", bool keep_attention_bf16 = false) {
-  TrainConfig c;
-  c.model.vocab_size = 256;
-  c.model.hidden_size = 64;
-  c.model.intermediate_size = 128;
-  c.model.num_hidden_layers = 2;
-  c.model.num_attention_heads = 4;
-  c.model.num_key_value_heads = 2;
-  c.model.num_local_experts = 4;
-  c.model.num_experts_per_tok = 2;
-  c.model.max_position_embeddings = 64;
-  c.model.rope_theta = 10000;
-  c.dataset.micro_batch_size = 2;
-  c.dataset.max_seq_length = 32;
-  c.dataset.stride = 8;
-  c.num_train_steps = 30;
-  c.grad_acc_steps = 2;
-  c.adamw.lr = 3e-3;
-  c.lr_scheduler = {3, 27, 0.1};
-  c.output_dir = (std::filesystem::temp_directory_path() / "mxtrain_test_fp8").string();
-  c.logger.frequency = 10;
+  TrainConfig c = testing::tiny_config("mxtrain_test_fp8", 64, 128);
   c.fp8.enabled = fp8;
   c.fp8.fp8_format = format;
   c.fp8.keep_attention_bf16 = keep_attention_bf16;

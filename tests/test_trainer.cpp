@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "mxtrain/data.hpp"
+#include "tiny_config.hpp"
 #include "mxtrain/lr_schedule.hpp"
 #include "mxtrain/trainer.hpp"
 
@@ -24,29 +25,7 @@ TEST(LrSchedule, WarmupCosineThenFloor) {
   EXPECT_LT(lr_at_step(o, s, 40), lr_at_step(o, s, 30));  // decreasing during decay
 }
 
-TrainConfig tiny_train_config() {
-  TrainConfig c;
-  c.model.vocab_size = 256;
-  c.model.hidden_size = 32;
-  c.model.intermediate_size = 48;
-  c.model.num_hidden_layers = 2;
-  c.model.num_attention_heads = 4;
-  c.model.num_key_value_heads = 2;
-  c.model.num_local_experts = 4;
-  c.model.num_experts_per_tok = 2;
-  c.model.max_position_embeddings = 64;
-  c.model.rope_theta = 10000;
-  c.dataset.micro_batch_size = 2;
-  c.dataset.max_seq_length = 32;
-  c.dataset.stride = 8;
-  c.num_train_steps = 30;
-  c.grad_acc_steps = 2;
-  c.adamw.lr = 3e-3;
-  c.lr_scheduler = {3, 27, 0.1};
-  c.output_dir = (std::filesystem::temp_directory_path() / "mxtrain_test_trainer").string();
-  c.logger.frequency = 10;
-  return c;
-}
+TrainConfig tiny_train_config() { return testing::tiny_config("mxtrain_test_trainer"); }
 
 TEST(Trainer, LossFallsOnEmbeddedCorpus) {
   const TrainConfig c = tiny_train_config();

@@ -8,6 +8,7 @@
 #include "cuda_test_util.hpp"
 #include "model/mx_linear.hpp"
 #include "mx_experts_test_util.hpp"
+#include "tiny_config.hpp"
 #include "mxtrain/data.hpp"
 #include "mxtrain/trainer.hpp"
 
@@ -110,25 +111,9 @@ TEST(CudaMxDense, LinearMatchesTheCpuTwin) {
 // The tiny L0 shape for 10 steps with fp8_config.enabled on both backends: the losses track each other.
 TEST(CudaMxTraining, TinyL0Fp8TracksTheCpuTwin) {
   MXT_REQUIRE_GPU();
-  TrainConfig c;
-  c.model.vocab_size = 256;
-  c.model.hidden_size = 64;
-  c.model.intermediate_size = 128;
-  c.model.num_hidden_layers = 2;
-  c.model.num_attention_heads = 4;
-  c.model.num_key_value_heads = 2;
-  c.model.num_local_experts = 4;
-  c.model.num_experts_per_tok = 2;
-  c.model.max_position_embeddings = 64;
-  c.model.rope_theta = 10000;
-  c.dataset.micro_batch_size = 2;
-  c.dataset.max_seq_length = 32;
-  c.dataset.stride = 8;
+  TrainConfig c = testing::tiny_config("mxtrain_test_cuda_fp8", 64, 128);
   c.num_train_steps = 10;
-  c.grad_acc_steps = 2;
   c.lr_scheduler = {3, 7, 0.1};
-  c.output_dir = (std::filesystem::temp_directory_path() / "mxtrain_test_cuda_fp8").string();
-  c.logger.frequency = 10;
   c.fp8.enabled = true;
   c.fp8.fp8_format = "HYBRID";
   auto gpu = make_cuda_ops();
