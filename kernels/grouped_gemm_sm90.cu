@@ -40,6 +40,7 @@
 #include "cuda_common.cuh"
 #include "cuda_context.cuh"
 #include "sm90_grouped_gemm.cuh"
+#include "sm90_host.cuh"
 #include "sm90_ptx.cuh"
 #include "sm90_wgmma.cuh"
 
@@ -475,37 +476,9 @@ bool wants_sm90() {
   return impl != GroupedImpl::Wmma;
 }
 
-// Compute capability 9.0 and a kernel image built for it (sm_90a), per device, checked once.
 bool device_ok(int device) {
-  static std::atomic<int> cache[64];  // 0 unknown, 1 yes, 2 no
-  if (device < 0 || device >= 64) return false;
-  int c = cache[device].load();
-  if (c == 0) {
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    cudaFuncAttributes attr{};
-    const bool image = cudaFuncGetAttributes(&attr, grouped_sm90_kernel<Mode::kFwd, 256, 1>) == cudaSuccess &&
-                       attr.binaryVersion == 90;
-    cudaGetLastError();  // clear a failed query
-    c = (major == 9 && minor == 0 && image) ? 1 : 2;
-    cache[device].store(c);
-  }
-  return c == 1;
-}
-
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t err =
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-    if (err != cudaSuccess || q != cudaDriverEntryPointSuccess || f == nullptr)
-      cuda::fail("grouped_gemm", std::string("cannot get cuTensorMapEncodeTiled from the driver: ") +
-                                     cudaGetErrorString(err));
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
+  static std::atomic<int> cache[64];
+  return device_runs_sm90a(device, reinterpret_cast<const void*>(grouped_sm90_kernel<Mode::kFwd, 256, 1>), cache);
 }
 
 // A bf16 tensor map with 128-byte swizzle; dims innermost first, strides in bytes (rank - 1 of them). On failure
@@ -514,10 +487,11 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 bool make_map(CUtensorMap& m, const char* op, const char* what, const void* ptr, int rank, const cuuint64_t* dims,
               const cuuint64_t* strides, const cuuint32_t* box) {
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank),
-                                 const_cast<void*>(ptr), dims, strides, box, elem_strides,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const auto encode = tensor_map_encoder("grouped_gemm");
+  const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank),
+                            const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r == CUDA_SUCCESS) return true;
   static std::atomic<bool> warned{false};
   if (!warned.exchange(true)) {
@@ -531,8 +505,6 @@ bool make_map(CUtensorMap& m, const char* op, const char* what, const void* ptr,
   }
   return false;
 }
-
-bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; }
 
 // Shapes every mode shares: sizes in range, 16-byte row strides for TMA.
 bool shapes_ok(int64_t E, int64_t R, int64_t out, int64_t in) {

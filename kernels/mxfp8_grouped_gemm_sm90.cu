@@ -51,6 +51,7 @@
 #include "cuda_ops.hpp"
 #include "mxfp8_cuda.hpp"
 #include "sm90_fp8_wgmma.cuh"
+#include "sm90_host.cuh"
 #include "sm90_ptx.cuh"
 
 namespace mxt::mxfp8 {
@@ -544,38 +545,10 @@ bool wants_sm90() {
   return (o != GemmImpl::Auto ? o : env_impl()) != GemmImpl::Baseline;
 }
 
-// Compute capability 9.0 and a kernel image built for it (sm_90a), per device, checked once.
 bool device_ok(int device) {
-  static std::atomic<int> cache[64];  // 0 unknown, 1 yes, 2 no
-  if (device < 0 || device >= 64) return false;
-  int c = cache[device].load();
-  if (c == 0) {
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    cudaFuncAttributes attr{};
-    const bool image =
-        cudaFuncGetAttributes(&attr, mxfp8_sm90_kernel<Mode::kRows, 0, 0, 0, cuda::bf16>) == cudaSuccess &&
-        attr.binaryVersion == 90;
-    cudaGetLastError();  // clear a failed query
-    c = (major == 9 && minor == 0 && image) ? 1 : 2;
-    cache[device].store(c);
-  }
-  return c == 1;
-}
-
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t err =
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-    if (err != cudaSuccess || q != cudaDriverEntryPointSuccess || f == nullptr)
-      cuda::fail("mxfp8 grouped gemm",
-                 std::string("cannot get cuTensorMapEncodeTiled from the driver: ") + cudaGetErrorString(err));
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
+  static std::atomic<int> cache[64];
+  return sm90::device_runs_sm90a(
+      device, reinterpret_cast<const void*>(mxfp8_sm90_kernel<Mode::kRows, 0, 0, 0, cuda::bf16>), cache);
 }
 
 // A byte tensor map (K innermost), 128 x 128 boxes, 128-byte swizzle. False (said once on stderr) when the
@@ -584,10 +557,11 @@ bool make_map(CUtensorMap& m, const char* op, const uint8_t* ptr, int rank, cons
               const cuuint64_t* strides) {
   const cuuint32_t box[3] = {kBK, 128, 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, static_cast<cuuint32_t>(rank),
-                                 const_cast<uint8_t*>(ptr), dims, strides, box, elem_strides,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const auto encode = sm90::tensor_map_encoder("mxfp8 grouped gemm");
+  const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, static_cast<cuuint32_t>(rank),
+                            const_cast<uint8_t*>(ptr), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r == CUDA_SUCCESS) return true;
   static std::atomic<bool> warned{false};
   if (!warned.exchange(true))
@@ -596,7 +570,7 @@ bool make_map(CUtensorMap& m, const char* op, const uint8_t* ptr, int rank, cons
   return false;
 }
 
-bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; }
+using sm90::aligned;
 
 template <Mode kMode, int kFa, int kFb, int kVar, typename TC>
 void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const Params& p, int64_t max_items,
