@@ -29,6 +29,8 @@ mxt_mpi_check(mpi_dp2_ep2 4 --dp 2 --ep 2 --acc 1)
 # Two sequences per micro-batch (the reference: micro-batch x 4); the aux loss and router jitter on.
 mxt_mpi_check(mpi_dp2_ep2_batch 4 --dp 2 --ep 2 --acc 1 --micro 2 --mode batch)
 mxt_mpi_check(mpi_ep4_aux_jitter 4 --dp 1 --ep 4 --acc 1 --aux-jitter)
+# MXFP8 (HYBRID) experts and attention projections with expert and data parallelism.
+mxt_mpi_check(mpi_dp2_ep2_fp8 4 --dp 2 --ep 2 --acc 1 --fp8)
 
 foreach(t binary_equivalence kill_rank hang_rank resume_reshard)
   set(script ${CMAKE_CURRENT_SOURCE_DIR}/mpi/${t}.sh)
