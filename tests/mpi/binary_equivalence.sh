@@ -36,6 +36,13 @@ for layout in "ep 1 2" "dp 2 1"; do
       }
       exit bad
     }' "$TMP/one/metrics.jsonl" "$TMP/$name/metrics.jsonl" || fail "$name=2 losses differ from one rank"
+  # Under EP, rank 0 logs every rank's exchange statistics at the end.
+  if [[ $name == ep ]]; then
+    for r in 0 1; do
+      grep -q "EP exchanges, world rank $r: $((STEPS * 2)) layers x micro-batches" "$TMP/$name.log" ||
+        { cat "$TMP/$name.log"; fail "no EP exchange statistics for rank $r"; }
+    done
+  fi
   # The final HF export: the same tensors as one rank's (its values are checked by mxtrain_mpi_check).
   one=$(cat "$TMP"/one_ckpt/final_model/*.safetensors | wc -c)
   got=$(cat "$TMP/${name}_ckpt"/final_model/*.safetensors 2>/dev/null | wc -c)
