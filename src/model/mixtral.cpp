@@ -1,4 +1,5 @@
 // Mixtral: embedding -> N x [attention block, MoE block] -> RMSNorm -> LM head + cross-entropy.
+#include <array>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -179,6 +180,19 @@ double MixtralModel::aux_loss_forward() {
   return aux * static_cast<double>(E_);
 }
 
+namespace {
+// Profiler range names per layer, built once: no string work per micro-batch (the model runs on one thread).
+const char* trace_name(int layer, int stage) {
+  static const char* const kStage[] = {"attention", "moe", "moe backward", "attention backward"};
+  static std::vector<std::array<std::string, 4>> names;
+  while (static_cast<int>(names.size()) <= layer) {
+    const std::string prefix = "layer " + std::to_string(names.size()) + " ";
+    names.push_back({prefix + kStage[0], prefix + kStage[1], prefix + kStage[2], prefix + kStage[3]});
+  }
+  return names[layer][stage].c_str();
+}
+}  // namespace
+
 double MixtralModel::forward_backward(const MicroBatch& mb, float ce_scale, float aux_scale,
                                       const Tensor& loss_sum, bool compute_grad, uint64_t jitter_seed) {
   mb_ = &mb;
@@ -195,10 +209,10 @@ double MixtralModel::forward_backward(const MicroBatch& mb, float ce_scale, floa
   ops_.embedding_forward(mb.ids, w_.embed, acts_[0].x_in);
   for (int l = 0; l < static_cast<int>(acts_.size()); ++l) {
     {
-      TraceScope trace("layer " + std::to_string(l) + " attention");
+      TraceScope trace(trace_name(l, 0));
       attention_forward(l);
     }
-    TraceScope trace("layer " + std::to_string(l) + " moe");
+    TraceScope trace(trace_name(l, 1));
     moe_forward(l, compute_grad, jitter_seed);
   }
   ops_.rmsnorm_forward(x_final_, w_.norm, static_cast<float>(cfg_.rms_norm_eps), ln_final_, rstd_final_);
@@ -214,10 +228,10 @@ double MixtralModel::forward_backward(const MicroBatch& mb, float ce_scale, floa
   ops_.rmsnorm_backward(s_.dtmp, x_final_, w_.norm, rstd_final_, s_.dx, g_.norm);
   for (int l = static_cast<int>(acts_.size()) - 1; l >= 0; --l) {
     {
-      TraceScope trace("layer " + std::to_string(l) + " moe backward");
+      TraceScope trace(trace_name(l, 2));
       moe_backward(l);
     }
-    TraceScope trace("layer " + std::to_string(l) + " attention backward");
+    TraceScope trace(trace_name(l, 3));
     attention_backward(l);
   }
   ops_.embedding_backward(mb.ids, s_.dx, g_.embed);

@@ -25,6 +25,7 @@
 #include "mxtrain/data.hpp"
 #include "mxtrain/ops.hpp"
 #include "mxtrain/trainer.hpp"
+#include "../tiny_config.hpp"
 
 namespace {
 
@@ -79,17 +80,10 @@ Args parse(int argc, char** argv) {
 }
 
 mxt::TrainConfig tiny_config(const Args& a, bool gpu) {
-  mxt::TrainConfig c;
-  c.model.vocab_size = 256;
-  c.model.hidden_size = gpu ? 256 : 32;  // GPU: L0_sanity's width (the CUDA attention takes head_dim 16..128)
-  c.model.intermediate_size = gpu ? 512 : 48;
-  c.model.num_hidden_layers = 2;
-  c.model.num_attention_heads = 4;
-  c.model.num_key_value_heads = 2;
-  c.model.num_local_experts = 4;
-  c.model.num_experts_per_tok = 2;
+  // GPU: L0_sanity's width (the CUDA attention takes head_dim 16..128)
+  mxt::TrainConfig c = mxt::testing::tiny_config("mxtrain_mpi_check", gpu ? 256 : 32, gpu ? 512 : 48);
   c.model.max_position_embeddings = 256;
-  c.model.rope_theta = 10000;
+  c.logger.frequency = mxt::TrainConfig{}.logger.frequency;
   if (a.aux_jitter) {  // jitter and the aux loss only match with one sequence per micro-batch (--mode acc)
     c.model.router_aux_loss_coef = 0.02;
     c.model.router_jitter_noise = 0.05;
@@ -99,14 +93,12 @@ mxt::TrainConfig tiny_config(const Args& a, bool gpu) {
   c.dataset.stride = gpu ? 32 : 8;
   c.num_train_steps = a.steps;
   c.grad_acc_steps = a.acc;
-  c.adamw.lr = 3e-3;
   c.lr_scheduler = {2, a.steps, 0.1};
   c.max_grad_norm = 0.05;  // below the norms of this model: clipping is active on every step (checked)
   c.parallelism.dp_size = a.dp;
   c.parallelism.ep_size = a.ep;
   c.parallelism.timeout_s = 120;
   c.parallelism.ep_capacity_factor = a.capacity;
-  c.output_dir = (std::filesystem::temp_directory_path() / "mxtrain_mpi_check").string();
   if (a.fp8) {  // MXFP8 needs widths (and the K/V projection) in multiples of 32
     c.fp8.enabled = true;
     c.fp8.fp8_format = "HYBRID";
