@@ -3,6 +3,9 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <memory>
+
+#include "mxtrain/trace.hpp"
 
 namespace mxt {
 
@@ -15,6 +18,9 @@ struct CudaContext {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int num_sms = 0;
+  int sm_reserve = 0;  // left to a concurrent collective by the persistent GEMMs (set_sm_reserve)
+  int gemm_sms() const { return num_sms - sm_reserve > 1 ? num_sms - sm_reserve : 1; }
+  std::unique_ptr<StageClock> clock;  // MXTRAIN_STAGE_TIMING=1 only (kernels/stage_clock.cu)
   size_t allocated = 0, peak = 0;  // bytes held through alloc() and scratch(), for the memory report
   void note_alloc(long long delta) {
     allocated = static_cast<size_t>(static_cast<long long>(allocated) + delta);

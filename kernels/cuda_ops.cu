@@ -3,7 +3,10 @@
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
 
+#include <cstdlib>
 #include <cstring>
+
+#include "stage_clock.hpp"
 
 namespace mxt {
 namespace cuda {
@@ -72,15 +75,23 @@ CudaOps::CudaOps(int device) : ctx_(new CudaContext) {
   ctx_->workspace_bytes = 64ull << 20;  // cuBLASLt's recommendation for Hopper is >= 32 MiB
   cuda::check(cudaMalloc(&ctx_->workspace, ctx_->workspace_bytes), op, "cudaMalloc(workspace)");
   cuda::check(cudaDeviceGetAttribute(&ctx_->num_sms, cudaDevAttrMultiProcessorCount, device), op, "SM count");
+  const char* timing = std::getenv("MXTRAIN_STAGE_TIMING");
+  if (timing && std::strcmp(timing, "0") != 0 && !stage_clock()) {
+    ctx_->clock = make_cuda_stage_clock(ctx_->stream);
+    install_stage_clock(ctx_->clock.get());
+  }
 }
 
 CudaOps::~CudaOps() {
   cudaStreamSynchronize(ctx_->stream);
+  if (ctx_->clock && stage_clock() == ctx_->clock.get()) install_stage_clock(nullptr);
   cudaFree(ctx_->workspace);
   cublasLtDestroy(ctx_->lt);
   cudaStreamDestroy(ctx_->stream);
   delete ctx_;
 }
+
+void CudaOps::set_sm_reserve(int sms) { ctx_->sm_reserve = sms < 0 ? 0 : sms; }
 
 void* CudaOps::alloc(size_t bytes) {
   void* p = nullptr;

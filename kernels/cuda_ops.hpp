@@ -43,6 +43,7 @@ class CudaOps : public Ops {
   void download(void* host_dst, const void* src, size_t bytes) override;
   void synchronize() override;
   size_t peak_allocated() const override;
+  void set_sm_reserve(int sms) override;
 
   void zero(const Tensor& t) override;
   void copy(const Tensor& src, const Tensor& dst) override;

@@ -31,6 +31,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -544,7 +545,8 @@ void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const Pa
     if (n < 1) cuda::fail(op, "no cluster of " + std::to_string(kCl) + " CTAs fits on the device");
     slots.store(n);
   }
-  const int64_t n = slots.load();
+  // Clusters scale down with the SMs left to a concurrent collective.
+  const int64_t n = std::max<int64_t>(1, slots.load() * ctx.gemm_sms() / ctx.num_sms);
   cfg.gridDim = dim3(static_cast<unsigned>(kCl * (max_units < 1 ? 1 : (max_units < n ? max_units : n))));
   cuda::check(cudaLaunchKernelEx(&cfg, kernel, a, b, p), op, "kernel launch");
 }

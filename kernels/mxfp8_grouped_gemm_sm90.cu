@@ -582,7 +582,7 @@ void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const Pa
                 "cudaFuncSetAttribute(shared memory)");
     attr_set.store(true);
   }
-  const int64_t grid = max_items < ctx.num_sms ? (max_items < 1 ? 1 : max_items) : ctx.num_sms;
+  const int64_t grid = max_items < ctx.gemm_sms() ? (max_items < 1 ? 1 : max_items) : ctx.gemm_sms();
   kernel<<<static_cast<unsigned>(grid), kThreads, kSmemBytes, ctx.stream>>>(a, b, p);
 }
 

@@ -76,7 +76,7 @@ for section in "$@"; do
       output_dir="$OUT/8x1b_ep2" >"$OUT/8x1b_ep2.log" 2>&1
     add "8x1B EP=2 2 GPUs acc8" "rc=$?"
     metrics one_gpu="$OUT/8x1b_1gpu/metrics.jsonl" ep2="$OUT/8x1b_ep2/metrics.jsonl" | tee "$OUT/8x1b_cmp.txt"
-    grep -h "comm timing\|peak allocated" "$OUT/8x1b_ep2.log" | tee -a "$OUT/8x1b_cmp.txt"
+    grep -h "comm timing\|peak allocated\|EP exchanges" "$OUT/8x1b_ep2.log" | tee -a "$OUT/8x1b_cmp.txt"
     add "8x1B EP=2 vs 1 GPU" "$(tail -n +3 "$OUT/8x1b_cmp.txt" | head -1)"
     ;;
   kill)
@@ -195,7 +195,7 @@ PY
       [[ $rc -eq 0 ]] && break
     done
     metrics ep2="$OUT/8x7b_ep2_$layers/metrics.jsonl" | tee "$OUT/8x7b_cmp.txt"
-    grep -h "total:\|comm timing\|peak allocated" "$OUT/8x7b_ep2_$layers.log" | tee -a "$OUT/8x7b_cmp.txt"
+    grep -h "total:\|comm timing\|peak allocated\|EP exchanges" "$OUT/8x7b_ep2_$layers.log" | tee -a "$OUT/8x7b_cmp.txt"
     add "8x7B ${layers}L EP=2" "$(head -1 "$OUT/8x7b_cmp.txt" | cut -c1-200)"
     ;;
   *) echo "unknown section $section" >&2 ;;

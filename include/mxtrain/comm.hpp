@@ -50,6 +50,15 @@ class Comm {
   virtual void all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_displs, void* recv,
                             const int64_t* recv_counts, const int64_t* recv_displs, int64_t row_elems,
                             CommType type) = 0;
+  // Overlap: the same exchange, but the compute stream is NOT ordered after it, so compute enqueued next may run
+  // alongside it; until wait_started() (which orders the compute stream after every exchange started so far) the
+  // caller must not touch recv, nor write send. Blocking where there is no separate stream (MPI, one rank).
+  virtual void start_all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_displs,
+                                  void* recv, const int64_t* recv_counts, const int64_t* recv_displs,
+                                  int64_t row_elems, CommType type) {
+    all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, row_elems, type);
+  }
+  virtual void wait_started() {}
   // buf[i] = sum over ranks of buf[i], in place.
   virtual void all_reduce_sum(void* buf, int64_t count, CommType type) = 0;
   // recv[0, count) = sum over ranks of send[rank*count, (rank+1)*count). send holds size()*count elements.
@@ -114,6 +123,9 @@ struct ExpertParallel {
   // Receive capacity in rows per rank as a multiple of T*k; 0: the worst case T * min(k, E/ep) * ep, which
   // can never overflow (parallelism.ep_capacity_factor).
   double capacity_factor = 0;
+  // The backward starts the combine of the input gradients before the experts' weight gradients and lets them
+  // run alongside it (parallelism.ep_overlap).
+  bool overlap = true;
 };
 
 // Rows a rank's expert buffers hold: the worst case, or capacity_factor * T*k (rounded up), never more than
@@ -147,6 +159,7 @@ struct EpExchangeStats {
   double download_s = 0, peer_wait_s = 0;
 };
 const EpExchangeStats& ep_exchange_stats();
+void reset_ep_exchange_stats();  // e.g. after the warm-up step, whose waits are set-up, not steady state
 // Gathers every rank's statistics over `world` (host memory; a collective) and logs one info line per rank.
 void log_ep_exchange_stats(Comm& world);
 

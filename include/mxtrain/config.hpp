@@ -70,6 +70,7 @@ struct ParallelismConfig {
   int64_t dp_size = 1, ep_size = 1;
   double timeout_s = 600;           // a collective not done after this long aborts the job (<= 0: never)
   double ep_capacity_factor = 0.0;  // expert receive buffers in rows, x T*k; 0: the worst case (never overflows)
+  bool ep_overlap = true;           // the backward's expert combine runs alongside the expert weight gradients
 };
 
 struct Fp8Config {

@@ -108,7 +108,8 @@ class MixtralModel {
   int64_t moe_dispatch(int l);     // xp, wp -> xe, we; returns the rows received
   void moe_combine(int l, const Tensor& ye);            // expert outputs (n rows) -> s_.yp
   void moe_dispatch_grad(int l);   // s_.dyp -> s_.dye
-  void moe_combine_grad(int l);    // s_.dxe, s_.dwe -> s_.dxp, s_.dwp
+  // s_.dxe, s_.dwe -> s_.dxp, s_.dwp; start: the exchange runs alongside what follows, until wait_started()
+  void moe_combine_grad(int l, bool start);
   double aux_loss_forward();       // after all layers: aux loss and per-expert gradient coefficients
   // MXFP8 (model_fp8.cpp)
   void plan_fp8();                 // the MXFP8 buffers, in arena_ and mx_weights_arena_
@@ -121,6 +122,7 @@ class MixtralModel {
   int64_t B_, S_, T_, R_, E_, k_, d_, f_;
   ExpertParallel ep_;
   int64_t El_ = 0, C_ = 0;         // local experts, expert-side rows (capacity)
+  int overlap_sms_ = 0;            // SMs the GEMMs leave to an overlapped exchange (MXTRAIN_OVERLAP_SMS)
   Fp8Config fp8_;
   bool mx_ = false, mx_attn_ = false;  // expert GEMMs / attention projections in MXFP8
   mxfp8::Format mx_fwd_ = mxfp8::Format::E4M3, mx_grad_ = mxfp8::Format::E4M3;

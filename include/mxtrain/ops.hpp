@@ -49,6 +49,8 @@ class Ops {
   virtual void synchronize() = 0;
   // Most bytes this backend has held at once through alloc and its own scratch (0: not tracked).
   virtual size_t peak_allocated() const { return 0; }
+  // Multiprocessors the persistent GEMM kernels leave free for a collective running alongside them (0: none).
+  virtual void set_sm_reserve(int /*sms*/) {}
 
   // ---- elementwise --------------------------------------------------------------------------------
   virtual void zero(const Tensor& t) = 0;

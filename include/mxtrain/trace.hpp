@@ -1,6 +1,11 @@
 #pragma once
 // Named ranges on a profiler's timeline (NVTX on CUDA builds: Nsight Systems and Nsight Compute's --nvtx filters
 // show the training step as the model's stages). Free when no profiler is attached; no-ops in CPU-only builds.
+//
+// The same scopes feed an optional stage clock: with MXTRAIN_STAGE_TIMING=1 the CUDA backend installs one that
+// brackets every scope with events on its stream, so the GPU time of each stage (compute, and the compute
+// stream's waits for collectives and peers) is summed per stage name, layer numbers dropped, and logged per rank
+// at the end of the run. This is how time inside a multi-GPU step is accounted for without a timeline profiler.
 #include <string>
 
 namespace mxt {
@@ -13,5 +18,18 @@ class TraceScope {
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
 };
+
+class StageClock {
+ public:
+  virtual ~StageClock() = default;
+  virtual void begin(const char* name) = 0;
+  virtual void end() = 0;
+  virtual void reset() = 0;                              // drop what was summed so far (e.g. the warm-up step)
+  virtual void log(const std::string& who, int steps) = 0;  // per-stage totals and per-step means
+};
+void install_stage_clock(StageClock* clock);  // nullptr uninstalls; the caller owns the clock
+StageClock* stage_clock();                    // the installed one, or nullptr
+// "layer 12 moe backward" -> "moe backward", "micro_batch 3" -> "micro_batch": one row per kind of stage.
+std::string stage_kind(const char* name);
 
 }  // namespace mxt

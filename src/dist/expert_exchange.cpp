@@ -21,6 +21,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 const EpExchangeStats& ep_exchange_stats() { return g_stats; }
+void reset_ep_exchange_stats() { g_stats = EpExchangeStats{}; }
 
 void log_ep_exchange_stats(Comm& world) {
   const EpExchangeStats& s = g_stats;
@@ -34,7 +35,7 @@ void log_ep_exchange_stats(Comm& world) {
   for (int r = 0; r < world.size(); ++r) {
     const double* v = all.data() + r * kFields;
     if (v[0] == 0) continue;
-    spdlog::info("EP exchanges, world rank {}: {:.0f} layers x micro-batches; rows per layer sent {:.0f}, received "
+    spdlog::info("EP exchanges (after the first step), world rank {}: {:.0f} layers x micro-batches; rows per layer sent {:.0f}, received "
                  "{:.0f} (max {:.0f}); host waited {:.3f} s for the device (counts download) and {:.3f} s for the "
                  "peers (count all-to-all)", r, v[0], v[1] / v[0], v[2] / v[0], v[3], v[4], v[5]);
   }

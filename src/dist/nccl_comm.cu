@@ -127,10 +127,26 @@ class NcclComm final : public Comm {
   void all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_displs, void* recv,
                     const int64_t* recv_counts, const int64_t* recv_displs, int64_t row_elems,
                     CommType type) override {
+    exchange(send, send_counts, send_displs, recv, recv_counts, recv_displs, row_elems, type, true);
+  }
+  void start_all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_displs, void* recv,
+                          const int64_t* recv_counts, const int64_t* recv_displs, int64_t row_elems,
+                          CommType type) override {
+    exchange(send, send_counts, send_displs, recv, recv_counts, recv_displs, row_elems, type, false);
+  }
+  void wait_started() override {
+    if (!pending_) return;
+    cuda_check(cudaStreamWaitEvent(compute_, done_, 0), name_ + " wait_started: stream wait");
+    pending_ = false;
+  }
+
+  void exchange(const void* send, const int64_t* send_counts, const int64_t* send_displs, void* recv,
+                const int64_t* recv_counts, const int64_t* recv_displs, int64_t row_elems, CommType type,
+                bool join) {
     const size_t row = static_cast<size_t>(row_elems) * comm_type_size(type);
     const auto* s = static_cast<const char*>(send);
     auto* r = static_cast<char*>(recv);
-    run("all_to_all_v", [&] {
+    run(join ? "all_to_all_v" : "all_to_all_v (overlapped)", join, [&] {
       // Point-to-point in one group: NCCL matches the sends and receives of all peers at once.
       check(ncclGroupStart(), "ncclGroupStart");
       for (int p = 0; p < size_; ++p) {
@@ -146,27 +162,27 @@ class NcclComm final : public Comm {
   }
 
   void all_reduce_sum(void* buf, int64_t count, CommType type) override {
-    run("all_reduce_sum", [&] {
+    run("all_reduce_sum", true, [&] {
       check(ncclAllReduce(buf, buf, static_cast<size_t>(count), nccl_type(type), ncclSum, comm_, stream_),
             "ncclAllReduce");
     });
   }
 
   void reduce_scatter_sum(const void* send, void* recv, int64_t count, CommType type) override {
-    run("reduce_scatter_sum", [&] {  // NCCL is in place when recv == send + rank * count, as Comm promises
+    run("reduce_scatter_sum", true, [&] {  // NCCL is in place when recv == send + rank * count, as Comm promises
       check(ncclReduceScatter(send, recv, static_cast<size_t>(count), nccl_type(type), ncclSum, comm_, stream_),
             "ncclReduceScatter");
     });
   }
 
   void all_gather(const void* send, void* recv, int64_t count, CommType type) override {
-    run("all_gather", [&] {  // in place when send == recv + rank * count
+    run("all_gather", true, [&] {  // in place when send == recv + rank * count
       check(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(type), comm_, stream_), "ncclAllGather");
     });
   }
 
   void broadcast(void* buf, int64_t count, CommType type, int root) override {
-    run("broadcast", [&] {
+    run("broadcast", true, [&] {
       check(ncclBroadcast(buf, buf, static_cast<size_t>(count), nccl_type(type), root, comm_, stream_),
             "ncclBroadcast");
     });
@@ -183,8 +199,9 @@ class NcclComm final : public Comm {
 
  private:
   // Orders f's NCCL calls on stream_ after the compute stream's queued work and before its later work.
+  // join=false (start_all_to_all_v): the compute stream does not wait; wait_started() or the next joined call does.
   template <class F>
-  void run(const char* op, F&& f) {
+  void run(const char* op, bool join, F&& f) {
     cuda_check(cudaEventRecord(ready_, compute_), name_ + " " + op + ": event record");
     cuda_check(cudaStreamWaitEvent(stream_, ready_, 0), name_ + " " + op + ": stream wait");
     op_ = op;
@@ -197,7 +214,8 @@ class NcclComm final : public Comm {
     f();
     if (t) cuda_check(cudaEventRecord(t->end, stream_), name_ + " " + op + ": event record");
     cuda_check(cudaEventRecord(done_, stream_), name_ + " " + op + ": event record");
-    cuda_check(cudaStreamWaitEvent(compute_, done_, 0), name_ + " " + op + ": stream wait");
+    if (join) cuda_check(cudaStreamWaitEvent(compute_, done_, 0), name_ + " " + op + ": stream wait");
+    pending_ = !join;
     if (wd_ && wd_->timeout_s() > 0) {
       auto ev = std::make_shared<Event>();
       cuda_check(cudaEventRecord(ev->e, stream_), name_ + " " + op + ": event record");
@@ -283,6 +301,7 @@ class NcclComm final : public Comm {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  bool pending_ = false;  // a started exchange the compute stream has not yet been ordered after
   const char* op_ = nullptr;
   uint64_t health_check_ = 0;
 };

@@ -1,5 +1,7 @@
 // Mixtral: embedding -> N x [attention block, MoE block] -> RMSNorm -> LM head + cross-entropy.
+#include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -33,6 +35,7 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
     throw std::invalid_argument("MixtralModel: expert parallelism over " + std::to_string(ep_.size) +
                                 " ranks needs its EP communicators");
   C_ = ep_on ? ep_capacity_rows(T_, k_, E_, ep_.size, ep_.capacity_factor) : R_;
+  if (const char* s = std::getenv("MXTRAIN_OVERLAP_SMS")) overlap_sms_ = std::max(0, std::atoi(s));
   mx_ = fp8.enabled;
   mx_attn_ = mx_ && !fp8.keep_attention_bf16;
   Cx_ = mx_ ? (C_ + 31) / 32 * 32 : C_;

@@ -2,12 +2,14 @@
 // -> [combine] -> unpermute -> residual, and its backward in reverse stage order. dispatch / combine (expert
 // parallelism only, moe_dispatch.cpp) move rows to and from the ranks that own their experts; the experts
 // then run on n received rows with this rank's local expert offsets.
+#include <optional>
 #include <vector>
 
 #include "linear.hpp"
 #include "model/mx_experts.hpp"
 #include "mxtrain/model.hpp"
 #include "mxtrain/rng.hpp"
+#include "mxtrain/trace.hpp"
 
 namespace mxt {
 
@@ -42,6 +44,7 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   const Tensor off = ep ? a.ep_meta.rows(0, El_ + 1) : a.offsets;
   // experts (their output: straight into yp, or into dxe, free until the backward, for the combine)
   const Tensor ye = ep ? s_.dxe.rows(0, n) : s_.yp;
+  std::optional<TraceScope> trace_experts(std::in_place, "experts");
   if (n > 0 && mx_) {
     mx_experts_forward(ops_, mx_run(l, n, off), mxw_[l].experts, a.xe, a.we.rows(0, n), a.h13, a.act, ye);
   } else if (n > 0) {
@@ -49,6 +52,7 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
     ops_.swiglu_forward(a.h13.rows(0, n), a.we.rows(0, n), a.act.rows(0, n));
     ops_.grouped_gemm(a.act.rows(0, n), w.w2, off, ye);
   }
+  trace_experts.reset();
   // combine
   if (ep) moe_combine(l, ye);
   // unpermute (the routing weights were already applied inside SwiGLU)
@@ -68,20 +72,35 @@ void MixtralModel::moe_backward(int l) {
   if (ep) moe_dispatch_grad(l);
   const int64_t n = ep ? ep_splits_[l].recv_rows : R_;
   const Tensor off = ep ? a.ep_meta.rows(0, El_ + 1) : a.offsets;
-  // experts backward
+  // experts backward; dispatch backward = combine of the input and routing-weight gradients, as soon as they
+  // exist: with overlap it runs alongside the w13 weight gradient, the last and largest GEMM
+  const bool overlap = ep && ep_.overlap;
+  std::optional<TraceScope> trace_experts(std::in_place, "experts backward");
+  auto combine = [&] {
+    if (!ep) return;
+    moe_combine_grad(l, overlap);
+    if (overlap) ops_.set_sm_reserve(overlap_sms_);
+  };
   if (n > 0 && mx_) {
     mx_experts_backward(ops_, mx_run(l, n, off), mxw_[l].experts, s_.dye, a.h13, a.we.rows(0, n), s_.dact,
-                        s_.dh13, s_.dxe, s_.dwe.rows(0, n), g.w13, g.w2);
+                        s_.dh13, s_.dxe, s_.dwe.rows(0, n), g.w13, g.w2, combine);
   } else if (n > 0) {
     ops_.grouped_gemm_dgrad(s_.dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
     ops_.grouped_gemm_wgrad(s_.dye.rows(0, n), a.act.rows(0, n), off, g.w2);
     ops_.swiglu_backward(s_.dact.rows(0, n), a.h13.rows(0, n), a.we.rows(0, n), s_.dh13.rows(0, n),
                          s_.dwe.rows(0, n));
     ops_.grouped_gemm_dgrad(s_.dh13.rows(0, n), w.w13, off, s_.dxe.rows(0, n));
+    combine();
     ops_.grouped_gemm_wgrad(s_.dh13.rows(0, n), a.xe.rows(0, n), off, g.w13);
+  } else {
+    combine();
   }
-  // dispatch backward = combine of the input and routing-weight gradients
-  if (ep) moe_combine_grad(l);
+  if (overlap) {
+    ops_.set_sm_reserve(0);
+    TraceScope trace_wait("ep combine (backward, wait)");
+    ep_.comm->wait_started();
+  }
+  trace_experts.reset();
   // permute backward
   ops_.moe_unpermute(s_.dxp, a.perm, k, s_.dtmp);
   ops_.moe_unpermute_weights(s_.dwp, a.perm, s_.dtopk_w);

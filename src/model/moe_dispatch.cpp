@@ -3,7 +3,9 @@
 // reordered expert-major for the grouped GEMMs. combine: the reverse. The backward runs the same exchanges
 // with the splits swapped: combine's backward is a dispatch of the output gradient, dispatch's backward a
 // combine of the input and routing-weight gradients. The splits come from exchange_expert_counts, the one
-// place where routing reaches the host, once per layer per forward; the backward reuses them.
+// place where routing reaches the host, once per layer per forward; the backward reuses them. With
+// parallelism.ep_overlap the backward's combine is started before the experts' w13 weight gradient, which runs
+// alongside it on the compute stream (moe_block.cpp), with a few multiprocessors left to the exchange.
 #include "mxtrain/model.hpp"
 #include "mxtrain/trace.hpp"
 
@@ -48,8 +50,8 @@ void MixtralModel::moe_dispatch_grad(int l) {
   if (n > 0) ops_.moe_permute(s_.ep_rows.rows(0, n), a.ep_meta.rows(El_ + 1, n), 1, s_.dye.rows(0, n));
 }
 
-void MixtralModel::moe_combine_grad(int l) {
-  TraceScope trace("ep combine (backward)");
+void MixtralModel::moe_combine_grad(int l, bool start) {
+  TraceScope trace(start ? "ep combine (backward, started)" : "ep combine (backward)");
   const LayerActs& a = acts_[l];
   const EpSplits& sp = ep_splits_[l];
   const int64_t n = sp.recv_rows;
@@ -58,10 +60,11 @@ void MixtralModel::moe_combine_grad(int l) {
     ops_.moe_unpermute(s_.dxe.rows(0, n), order, 1, s_.ep_rows.rows(0, n));
     ops_.moe_unpermute_weights(s_.dwe.rows(0, n), order, s_.ep_w.rows(0, n));
   }
-  ep_.comm->all_to_all_v(s_.ep_rows.data, sp.recv_counts.data(), sp.recv_displs.data(), s_.dxp.data,
-                         sp.send_counts.data(), sp.send_displs.data(), d_, comm_type(ops_.act_dtype()));
-  ep_.comm->all_to_all_v(s_.ep_w.data, sp.recv_counts.data(), sp.recv_displs.data(), s_.dwp.data,
-                         sp.send_counts.data(), sp.send_displs.data(), 1, CommType::F32);
+  auto a2a = start ? &Comm::start_all_to_all_v : &Comm::all_to_all_v;
+  (ep_.comm->*a2a)(s_.ep_rows.data, sp.recv_counts.data(), sp.recv_displs.data(), s_.dxp.data,
+                   sp.send_counts.data(), sp.send_displs.data(), d_, comm_type(ops_.act_dtype()));
+  (ep_.comm->*a2a)(s_.ep_w.data, sp.recv_counts.data(), sp.recv_displs.data(), s_.dwp.data,
+                   sp.send_counts.data(), sp.send_displs.data(), 1, CommType::F32);
 }
 
 }  // namespace mxt

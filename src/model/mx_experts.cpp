@@ -34,7 +34,8 @@ void mx_experts_forward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w
 
 void mx_experts_backward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const Tensor& dy,
                          const Tensor& h13, const Tensor& wp, const Tensor& dact, const Tensor& dh13,
-                         const Tensor& dx, const Tensor& dwp, const Tensor& dw13, const Tensor& dw2) {
+                         const Tensor& dx, const Tensor& dwp, const Tensor& dw13, const Tensor& dw2,
+                         const std::function<void()>& after_dgrad) {
   const int64_t n = r.n, np = mx_pad_rows(n);
   if (n == 0) return;
   // The forward's columnwise copies, as it wrote them.
@@ -49,6 +50,7 @@ void mx_experts_backward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& 
   // w13: dx = dh13 w13, dw13 += dh13^T x
   quantize_both(ops, dh13, n, 2 * r.f, r.grad, r.row, r.col, gr, gc);
   ops.mx_grouped_gemm(gr, w.w13.colwise(), r.offsets, dx.rows(0, n));
+  if (after_dgrad) after_dgrad();
   ops.mx_grouped_gemm_wgrad(gc, xc, r.offsets, dw13);
 }
 

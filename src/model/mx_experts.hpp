@@ -4,6 +4,7 @@
 //   forward  X rowwise  x W rowwise      dgrad  dY rowwise x W columnwise      wgrad  dY columnwise x X columnwise
 // Used by MixtralModel (fp8_config.enabled) and by the tests, which compare it with the bf16 / fp32 ops.
 #include <cstdint>
+#include <functional>
 
 #include "mxtrain/mx_buffers.hpp"
 #include "mxtrain/ops.hpp"
@@ -32,7 +33,8 @@ void mx_experts_forward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w
 // dx [>= n, d] (overwrite), dwp [n] F32 (overwrite); dw13 [E, 2f, d], dw2 [E, d, f] F32 (accumulate).
 void mx_experts_backward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const Tensor& dy,
                          const Tensor& h13, const Tensor& wp, const Tensor& dact, const Tensor& dh13,
-                         const Tensor& dx, const Tensor& dwp, const Tensor& dw13, const Tensor& dw2);
+                         const Tensor& dx, const Tensor& dwp, const Tensor& dw13, const Tensor& dw2,
+                         const std::function<void()>& after_dgrad = {});  // called once dx is written
 
 // Both E4M3 copies of a weight [rows, cols] or [E, rows, cols] in one pass.
 void mx_quantize_weight(Ops& ops, const Tensor& W, const MxWeight& q);

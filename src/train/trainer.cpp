@@ -83,7 +83,8 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   refresh_working_weights();
 
   const ExpertParallel ep{groups_->ep.get(), groups_->ep_host.get(), groups_->layout.ep_rank,
-                          groups_->layout.ep_size, cfg.parallelism.ep_capacity_factor};
+                          groups_->layout.ep_size, cfg.parallelism.ep_capacity_factor,
+                          cfg.parallelism.ep_overlap};
   model_ = std::make_unique<MixtralModel>(cfg.model, ops_, cfg.dataset.micro_batch_size,
                                           cfg.dataset.max_seq_length, layout_, true, ep, cfg.fp8);
   model_->bind(dense_.working, expert_weights(), dense_.grad, expert_.grad);
@@ -210,6 +211,10 @@ std::vector<double> Trainer::run() {
   while (step_ < total) {
     const StepResult r = train_step();
     losses.push_back(r.loss);
+    if (step_ == first + 1 && total > step_) {  // steady state only: the first step sets up NCCL, cuBLASLt, caches
+      reset_ep_exchange_stats();
+      if (StageClock* c = stage_clock()) c->reset();
+    }
     if (!std::isfinite(r.loss)) throw std::runtime_error("loss is not finite at step " + std::to_string(step_));
     if (log && (step_ % cfg_.logger.frequency == 0 || step_ == total)) {
       const auto now = clock::now();
@@ -234,6 +239,10 @@ std::vector<double> Trainer::run() {
     if (ckpt_) ckpt_->after_step(ckpt_state());
   }
   if (cfg_.parallelism.ep_size > 1) log_ep_exchange_stats(*groups_->world_host);
+  if (StageClock* c = stage_clock()) {
+    ops_.synchronize();
+    c->log("world rank " + std::to_string(rank_), static_cast<int>(std::max<int64_t>(1, step_ - first - 1)));
+  }
   if (ckpt_) ckpt_->finish();
   if (cfg_.checkpoint.save_final_model && !cfg_.checkpoint.ckpt_dir.empty()) {
     const std::string dir = cfg_.checkpoint.ckpt_dir + "/final_model";
@@ -356,7 +365,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
   p.expert_working_bytes = static_cast<size_t>(layout.expert_numel) * expert_working;
   p.act_dtype = act_dtype;
   const ExpertParallel ep{nullptr, nullptr, 0, static_cast<int>(cfg.parallelism.ep_size),
-                          cfg.parallelism.ep_capacity_factor};
+                          cfg.parallelism.ep_capacity_factor, cfg.parallelism.ep_overlap};
   PlanningOps ops(act_dtype);
   MixtralModel planned(cfg.model, ops, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length, layout, false, ep,
                        cfg.fp8);
