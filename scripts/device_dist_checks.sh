@@ -17,8 +17,11 @@
 #             (seq 4096, mbs 1, acc 1, lr 3e-4) 300 steps
 #   fp8speed  8x1B (seq 4096, mbs 1, acc 8): bf16, MXFP8, and the HF baseline (shared/bench/hf_baseline.py copied
 #             into BIN_DIR), one after the other: tokens/s and peak memory
-#   ep8x7b    8x7B layer shapes, 8 layers (6 if 8 do not fit), EP=2 on 2 GPUs: memory plan vs measured peak,
-#             tokens/s per GPU, model TFLOP/s and NCCL time
+#   epover    8x1B (seq 4096, mbs 1, acc 8, 6 steps), stage timing on (MXTRAIN_STAGE_TIMING=1): 1 GPU, then EP=2 on 2
+#             GPUs with the backward combine overlapped (parallelism.ep_overlap), overlapped with 16 SMs left to
+#             NCCL (MXTRAIN_OVERLAP_SMS=16), and not overlapped: tokens/s per GPU and where each rank's GPU time goes
+#   ep8x7b    8x7B layer shapes, 8 layers (6 if 8 do not fit), EP=2 on 2 GPUs, MXFP8 then bf16: memory plan vs
+#             measured peak, tokens/s per GPU, NCCL time and stage times
 set -uo pipefail
 BIN_DIR=${1:?usage: device_dist_checks.sh BIN_DIR section...}
 shift
@@ -78,6 +81,25 @@ for section in "$@"; do
     metrics one_gpu="$OUT/8x1b_1gpu/metrics.jsonl" ep2="$OUT/8x1b_ep2/metrics.jsonl" | tee "$OUT/8x1b_cmp.txt"
     grep -h "comm timing\|peak allocated\|EP exchanges" "$OUT/8x1b_ep2.log" | tee -a "$OUT/8x1b_cmp.txt"
     add "8x1B EP=2 vs 1 GPU" "$(tail -n +3 "$OUT/8x1b_cmp.txt" | head -1)"
+    ;;
+  epover)
+    B8="--config-name bench_8x1B backend=cuda num_train_steps=6 grad_acc_steps=8 lr_scheduler_kwargs.num_decay_steps=5"
+    CUDA_VISIBLE_DEVICES=0 MXTRAIN_STAGE_TIMING=1 timeout 300 "$MX" $B8 output_dir="$OUT/ov_1gpu" >"$OUT/ov_1gpu.log" 2>&1
+    add "8x1B 1 GPU acc8 (stage timing)" "rc=$?"
+    for v in on:0 on:16 off:0; do
+      MXTRAIN_STAGE_TIMING=1 MXTRAIN_OVERLAP_SMS=${v#*:} MXTRAIN_COMM_TIMING=1 timeout 300 "${MPIRUN[@]}" \
+        -x MXTRAIN_STAGE_TIMING -x MXTRAIN_OVERLAP_SMS -np 2 "$MX" $B8 parallelism.ep_size=2 \
+        parallelism.ep_overlap=$([[ ${v%%:*} == on ]] && echo true || echo false) output_dir="$OUT/ov_${v/:/_}" \
+        >"$OUT/ov_${v/:/_}.log" 2>&1
+      add "8x1B EP=2 overlap ${v}" "rc=$?"
+    done
+    metrics one_gpu="$OUT/ov_1gpu/metrics.jsonl" ep2_on0="$OUT/ov_on_0/metrics.jsonl" | tee "$OUT/ov_cmp.txt"
+    metrics ep2_on16="$OUT/ov_on_16/metrics.jsonl" ep2_off="$OUT/ov_off_0/metrics.jsonl" | tee -a "$OUT/ov_cmp.txt"
+    for f in ov_1gpu ov_on_0 ov_on_16 ov_off_0; do
+      echo "== $f"; grep -h -A16 "stage times" "$OUT/$f.log" | grep -v "^\s*layer\b" | head -40
+      grep -h "EP exchanges\|comm timing" "$OUT/$f.log" | sed 's/^.*\] //'
+    done | tee -a "$OUT/ov_cmp.txt"
+    add "8x1B EP=2 overlap" "$(grep -h 'median tok/s' "$OUT/ov_cmp.txt" | sed 's/steps 6, loss.*median//' | tr '\n' ' ')"
     ;;
   kill)
     MXT_KILL_ARGS="backend=cuda logger.frequency=1" timeout 200 bash tests/mpi/kill_rank.sh "$MX" kill \
@@ -184,19 +206,24 @@ PY
     add "8x1B speed bf16/MXFP8/HF" "$(head -2 "$OUT/sp.txt" | tr '\n' ' ' | cut -c1-300)"
     ;;
   ep8x7b)
-    for layers in 8 6; do
-      B7="--config-name L1_8x7B_ep backend=cuda parallelism.ep_size=2 config_kwargs.num_hidden_layers=$layers \
-          fp8_config.enabled=false num_train_steps=4 grad_acc_steps=8 logger.frequency=1 \
-          lr_scheduler_kwargs.num_warmup_steps=1 lr_scheduler_kwargs.num_decay_steps=3 checkpoint.ckpt_dir=null"
-      MXTRAIN_COMM_TIMING=1 timeout 420 "${MPIRUN[@]}" -np 2 "$MX" $B7 output_dir="$OUT/8x7b_ep2_$layers" \
-        >"$OUT/8x7b_ep2_$layers.log" 2>&1
-      rc=$?
-      add "8x7B ${layers} layers EP=2" "rc=$rc"
-      [[ $rc -eq 0 ]] && break
+    # MXFP8 (the L1 run's precision) and bf16, 8 layers each (both plans fit 141 GB; 6 layers if 8 do not).
+    for fp8 in true false; do
+      for layers in 8 6; do
+        B7="--config-name L1_8x7B_ep backend=cuda parallelism.ep_size=2 config_kwargs.num_hidden_layers=$layers \
+            fp8_config.enabled=$fp8 num_train_steps=4 grad_acc_steps=8 logger.frequency=1 \
+            lr_scheduler_kwargs.num_warmup_steps=1 lr_scheduler_kwargs.num_decay_steps=3 checkpoint.ckpt_dir=null"
+        run="8x7b_ep2_${layers}_fp8_$fp8"
+        MXTRAIN_STAGE_TIMING=1 MXTRAIN_COMM_TIMING=1 timeout 280 "${MPIRUN[@]}" -x MXTRAIN_STAGE_TIMING -np 2 "$MX" $B7 \
+          output_dir="$OUT/$run" >"$OUT/$run.log" 2>&1
+        rc=$?
+        add "8x7B ${layers}L EP=2 fp8=$fp8" "rc=$rc"
+        [[ $rc -eq 0 ]] && break
+      done
+      { metrics ep2="$OUT/$run/metrics.jsonl"
+        grep -h "total:\|comm timing\|peak allocated\|EP exchanges" "$OUT/$run.log" | sed 's/^.*\] //'
+        grep -h -A16 "stage times" "$OUT/$run.log" | grep -v "^\s*layer\b" | head -40; } | tee "$OUT/$run.txt"
+      add "8x7B ${layers}L EP=2 fp8=$fp8" "$(head -1 "$OUT/$run.txt" | sed 's/steps 4, loss.*median//' | cut -c1-120)"
     done
-    metrics ep2="$OUT/8x7b_ep2_$layers/metrics.jsonl" | tee "$OUT/8x7b_cmp.txt"
-    grep -h "total:\|comm timing\|peak allocated\|EP exchanges" "$OUT/8x7b_ep2_$layers.log" | tee -a "$OUT/8x7b_cmp.txt"
-    add "8x7B ${layers}L EP=2" "$(head -1 "$OUT/8x7b_cmp.txt" | cut -c1-200)"
     ;;
   *) echo "unknown section $section" >&2 ;;
   esac

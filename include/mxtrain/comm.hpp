@@ -59,6 +59,23 @@ class Comm {
     all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, row_elems, type);
   }
   virtual void wait_started() {}
+  // Several payloads with the same splits (rows of each payload's own size and type) in one exchange: on NCCL one
+  // group, so one launch and one synchronisation for the tokens and their routing weights. start: as above.
+  struct Payload {
+    const void* send;
+    void* recv;
+    int64_t row_elems;
+    CommType type;
+  };
+  virtual void exchange_rows(const std::vector<Payload>& parts, const int64_t* send_counts, const int64_t* send_displs,
+                            const int64_t* recv_counts, const int64_t* recv_displs, bool start) {
+    for (const Payload& p : parts) {
+      if (start)
+        start_all_to_all_v(p.send, send_counts, send_displs, p.recv, recv_counts, recv_displs, p.row_elems, p.type);
+      else
+        all_to_all_v(p.send, send_counts, send_displs, p.recv, recv_counts, recv_displs, p.row_elems, p.type);
+    }
+  }
   // buf[i] = sum over ranks of buf[i], in place.
   virtual void all_reduce_sum(void* buf, int64_t count, CommType type) = 0;
   // recv[0, count) = sum over ranks of send[rank*count, (rank+1)*count). send holds size()*count elements.

@@ -140,22 +140,35 @@ class NcclComm final : public Comm {
     pending_ = false;
   }
 
+  void exchange_rows(const std::vector<Payload>& parts, const int64_t* send_counts, const int64_t* send_displs,
+                    const int64_t* recv_counts, const int64_t* recv_displs, bool start) override {
+    exchange(parts.data(), static_cast<int>(parts.size()), send_counts, send_displs, recv_counts, recv_displs, !start);
+  }
+
   void exchange(const void* send, const int64_t* send_counts, const int64_t* send_displs, void* recv,
                 const int64_t* recv_counts, const int64_t* recv_displs, int64_t row_elems, CommType type,
                 bool join) {
-    const size_t row = static_cast<size_t>(row_elems) * comm_type_size(type);
-    const auto* s = static_cast<const char*>(send);
-    auto* r = static_cast<char*>(recv);
+    const Payload part{send, recv, row_elems, type};
+    exchange(&part, 1, send_counts, send_displs, recv_counts, recv_displs, join);
+  }
+  void exchange(const Payload* parts, int n, const int64_t* send_counts, const int64_t* send_displs,
+                const int64_t* recv_counts, const int64_t* recv_displs, bool join) {
     run(join ? "all_to_all_v" : "all_to_all_v (overlapped)", join, [&] {
-      // Point-to-point in one group: NCCL matches the sends and receives of all peers at once.
+      // Point-to-point in one group: NCCL matches the sends and receives of all peers and payloads at once.
       check(ncclGroupStart(), "ncclGroupStart");
-      for (int p = 0; p < size_; ++p) {
-        if (send_counts[p] > 0)
-          check(ncclSend(s + send_displs[p] * row, static_cast<size_t>(send_counts[p] * row_elems), nccl_type(type),
-                         p, comm_, stream_), "ncclSend");
-        if (recv_counts[p] > 0)
-          check(ncclRecv(r + recv_displs[p] * row, static_cast<size_t>(recv_counts[p] * row_elems), nccl_type(type),
-                         p, comm_, stream_), "ncclRecv");
+      for (int i = 0; i < n; ++i) {
+        const Payload& x = parts[i];
+        const size_t row = static_cast<size_t>(x.row_elems) * comm_type_size(x.type);
+        const auto* s = static_cast<const char*>(x.send);
+        auto* r = static_cast<char*>(x.recv);
+        for (int p = 0; p < size_; ++p) {
+          if (send_counts[p] > 0)
+            check(ncclSend(s + send_displs[p] * row, static_cast<size_t>(send_counts[p] * x.row_elems),
+                           nccl_type(x.type), p, comm_, stream_), "ncclSend");
+          if (recv_counts[p] > 0)
+            check(ncclRecv(r + recv_displs[p] * row, static_cast<size_t>(recv_counts[p] * x.row_elems),
+                           nccl_type(x.type), p, comm_, stream_), "ncclRecv");
+        }
       }
       check(ncclGroupEnd(), "ncclGroupEnd");
     });

@@ -1,6 +1,6 @@
 // Expert parallelism's two MoE stages. dispatch: this rank's permuted rows (grouped by global expert) go to
-// the EP ranks that own their experts, with their routing weights; the received rows (peer-major) are then
-// reordered expert-major for the grouped GEMMs. combine: the reverse. The backward runs the same exchanges
+// the EP ranks that own their experts, with their routing weights (one exchange); the received rows (peer-major)
+// are then reordered expert-major for the grouped GEMMs. combine: the reverse. The backward runs the same exchanges
 // with the splits swapped: combine's backward is a dispatch of the output gradient, dispatch's backward a
 // combine of the input and routing-weight gradients. The splits come from exchange_expert_counts, the one
 // place where routing reaches the host, once per layer per forward; the backward reuses them. With
@@ -18,10 +18,10 @@ int64_t MixtralModel::moe_dispatch(int l) {
   exchange_expert_counts(ops_, a.offsets, E_, ep_, C_, sp);
   const int64_t n = sp.recv_rows;
   ops_.upload(a.ep_meta.data, sp.meta.data(), sp.meta.size() * sizeof(int32_t));
-  ep_.comm->all_to_all_v(a.xp.data, sp.send_counts.data(), sp.send_displs.data(), s_.ep_rows.data,
-                         sp.recv_counts.data(), sp.recv_displs.data(), d_, comm_type(ops_.act_dtype()));
-  ep_.comm->all_to_all_v(a.wp.data, sp.send_counts.data(), sp.send_displs.data(), s_.ep_w.data,
-                         sp.recv_counts.data(), sp.recv_displs.data(), 1, CommType::F32);
+  ep_.comm->exchange_rows({{a.xp.data, s_.ep_rows.data, d_, comm_type(ops_.act_dtype())},
+                           {a.wp.data, s_.ep_w.data, 1, CommType::F32}},
+                          sp.send_counts.data(), sp.send_displs.data(), sp.recv_counts.data(),
+                          sp.recv_displs.data(), false);
   if (n > 0) {  // peer-major -> expert-major: xe[q] = ep_rows[order[q]]
     const Tensor order = a.ep_meta.rows(El_ + 1, n);
     ops_.moe_permute(s_.ep_rows.rows(0, n), order, 1, a.xe.rows(0, n));
@@ -60,11 +60,10 @@ void MixtralModel::moe_combine_grad(int l, bool start) {
     ops_.moe_unpermute(s_.dxe.rows(0, n), order, 1, s_.ep_rows.rows(0, n));
     ops_.moe_unpermute_weights(s_.dwe.rows(0, n), order, s_.ep_w.rows(0, n));
   }
-  auto a2a = start ? &Comm::start_all_to_all_v : &Comm::all_to_all_v;
-  (ep_.comm->*a2a)(s_.ep_rows.data, sp.recv_counts.data(), sp.recv_displs.data(), s_.dxp.data,
-                   sp.send_counts.data(), sp.send_displs.data(), d_, comm_type(ops_.act_dtype()));
-  (ep_.comm->*a2a)(s_.ep_w.data, sp.recv_counts.data(), sp.recv_displs.data(), s_.dwp.data,
-                   sp.send_counts.data(), sp.send_displs.data(), 1, CommType::F32);
+  ep_.comm->exchange_rows({{s_.ep_rows.data, s_.dxp.data, d_, comm_type(ops_.act_dtype())},
+                           {s_.ep_w.data, s_.dwp.data, 1, CommType::F32}},
+                          sp.recv_counts.data(), sp.recv_displs.data(), sp.send_counts.data(),
+                          sp.send_displs.data(), start);
 }
 
 }  // namespace mxt
