@@ -2,12 +2,16 @@
 // inputs (close, as MXFP8 allows, and not equal: the quantisation is really applied), its operand
 // directions against the fp64 MXFP8 reference, and short training runs with MXFP8 on and off.
 #include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
 #include "mx_experts_test_util.hpp"
 #include "tiny_config.hpp"
+#include "mxtrain/comm.hpp"
+#include "mxtrain/config.hpp"
 #include "mxtrain/data.hpp"
 #include "mxtrain/mxfp8.hpp"
 #include "mxtrain/trainer.hpp"
@@ -225,6 +229,56 @@ TEST(Fp8Training, Bf16PlanHasNoExpertWorkingCopy) {
     EXPECT_NE(format_memory_plan(on_c, on).find("experts: none"), std::string::npos);
     EXPECT_EQ(format_memory_plan(off_c, off).find("experts: none"), std::string::npos);
   }
+}
+
+// What MXFP8 keeps per layer instead of bf16's activations: the wgrads read columnwise MXFP8 copies, so the
+// experts' input and SwiGLU output (and ln1, with MXFP8 attention) are scratch, and that forward-only scratch
+// shares one buffer with the backward's dh13. The bf16 and MXFP8 plans differ by exactly these buffers, each
+// rounded up to the arena's 256 bytes; with 8 layers the savings outweigh MXFP8's own quantisation scratch.
+TEST(Fp8Training, MxPlanIsSmallerThanBf16ByTheMovedBuffers) {
+  auto buf = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  auto mx_copy = [&](int64_t elems) { return buf(elems) + buf((elems + 31) / 32); };  // E4M3 codes + E8M0 scales
+  for (const bool keep_attn : {false, true}) {
+    for (const int ep : {1, 2}) {
+      TrainConfig off_c = tiny_l0(false), on_c = tiny_l0(true, "E4M3", keep_attn);
+      off_c.parallelism.ep_size = on_c.parallelism.ep_size = ep;
+      off_c.model.num_hidden_layers = on_c.model.num_hidden_layers = 8;
+      const MemoryPlan off = plan_memory(off_c, DType::BF16), on = plan_memory(on_c, DType::BF16);
+      const ModelConfig& m = on_c.model;
+      const int64_t L = m.num_hidden_layers, d = m.hidden_size, f = m.intermediate_size, k = m.num_experts_per_tok;
+      const int64_t T = on_c.dataset.micro_batch_size * on_c.dataset.max_seq_length, R = T * k;
+      const int64_t q = m.num_attention_heads * m.head_dim(), a = 2;  // a: bf16 bytes
+      const int64_t C = ep > 1 ? ep_capacity_rows(T, k, m.num_local_experts, ep, on_c.parallelism.ep_capacity_factor)
+                               : R;
+      const int64_t Cx = (C + 31) / 32 * 32;  // MXFP8 pads the expert rows to whole 32-row blocks
+      // Per layer, bf16's xe (or xp) and act against their columnwise copies; ln1 against its copy.
+      int64_t layer = buf(C * d * a) + buf(C * f * a) - mx_copy(Cx * d) - mx_copy(Cx * f);
+      if (!keep_attn) layer += buf(T * d * a) - mx_copy(T * d);
+      // Scratch: bf16's dh13 against the shared dh13 | forward buffer, the MXFP8 quantisation scratch (a, b;
+      // with MXFP8 attention also c and the {0, T} offsets), and dyp / dye padded to Cx rows.
+      const int64_t fwd_bwd = std::max({Cx * 2 * f, Cx * (f + d), keep_attn ? 0 : T * d});
+      const int64_t room = std::max(Cx * std::max(d, 2 * f), keep_attn ? 0 : T * std::max(d, q));
+      int64_t scratch = buf(C * 2 * f * a) - buf(fwd_bwd * a) - 2 * mx_copy(room) + buf(C * d * a) - buf(Cx * d * a);
+      if (!keep_attn) scratch -= mx_copy(T * std::max(d, q)) + buf(2 * 4);
+      const int64_t saved = L * layer + scratch;
+      EXPECT_GT(saved, 0) << "keep_attention_bf16 " << keep_attn << ", ep " << ep;
+      EXPECT_EQ(static_cast<int64_t>(off.activation_bytes) - static_cast<int64_t>(on.activation_bytes), saved)
+          << "keep_attention_bf16 " << keep_attn << ", ep " << ep;
+    }
+  }
+}
+
+// The issue-6 goal on the 8x1B benchmark shape (planned for the GPU, bf16 activations): with MXFP8 the whole
+// plan (fp32 state, working copies, MXFP8 weight copies, activations) is below the bf16 run's.
+TEST(Fp8Training, Bench8x1BMxPlanIsBelowBf16) {
+  auto plan = [](const std::vector<std::string>& overrides) {
+    const MemoryPlan p = plan_memory(to_train_config(resolve_config(LoadOptions{"bench_8x1B", "", overrides})),
+                                     DType::BF16);
+    return p.param_bytes + p.fp8_weight_bytes + p.activation_bytes;
+  };
+  const size_t bf16 = plan({}), mx = plan({"fp8_config.enabled=true"});
+  std::printf("8x1B plan: bf16 %.3f GiB, MXFP8 %.3f GiB\n", bf16 / 1073741824.0, mx / 1073741824.0);
+  EXPECT_LT(mx + (size_t{100} << 20), bf16);  // by more than 100 MiB
 }
 
 // On the CPU backend the master is the working copy, and the model reads it.

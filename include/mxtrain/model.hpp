@@ -38,6 +38,9 @@ struct LayerActs {
   // fp8_config.enabled: xe and act are shared scratch (Scratch::mx_xe, mx_act) and the wgrads read these
   // columnwise MXFP8 copies instead, written by the forward (Cx = C rounded up to 32 rows).
   MxBuf xe_col, act_col;        // (Cx x d), (Cx x f) codes + scales
+  // MXFP8 attention (fp8_config.enabled without keep_attention_bf16): ln1 is shared scratch too (Scratch::mx_ln1,
+  // read only by the forward's QKV quantisation) and the QKV wgrads read this columnwise copy of it.
+  MxBuf ln1_col;                // (T x d)
 };
 
 // A layer's weights quantised for MXFP8 (E4M3, rowwise + columnwise), once per optimizer step.
@@ -62,7 +65,12 @@ struct Scratch {
   Tensor dye, dxe, dwe;         // (C, d), (C, d), (C) EP only (else aliases of dyp, dxp, dwp)
   Tensor aux_prob_sum, aux_count, aux_coef;  // (E)
   // fp8_config.enabled
+  // mx_fwd_bwd: one buffer for scratch that is never live at once (every layer's forward ends before the
+  // micro-batch's backward starts): the backward's dh13 over it, and the forward-only mx_xe, mx_act (MoE
+  // forward) and mx_ln1 (attention forward). Views cut by alias_fp8_scratch(); without MXFP8 dh13 is its own.
+  Tensor mx_fwd_bwd;            // max(Cx x 2f, Cx x (f + d), T x d with MXFP8 attention) elements
   Tensor mx_xe, mx_act;         // (Cx, d), (Cx, f): the experts' input and activation, not kept per layer
+  Tensor mx_ln1;                // (T, d) MXFP8 attention: every layer's ln1 (the layer keeps ln1_col)
   MxBuf mx_a, mx_b, mx_c;       // MXFP8 scratch copies (a, b: Cx x max(d, 2f) or T x d; c: T x d)
   Tensor mx_dense_offsets;      // (2) I32 {0, T}: a dense linear is a one-group grouped GEMM
 };
@@ -113,6 +121,7 @@ class MixtralModel {
   double aux_loss_forward();       // after all layers: aux loss and per-expert gradient coefficients
   // MXFP8 (model_fp8.cpp)
   void plan_fp8();                 // the MXFP8 buffers, in arena_ and mx_weights_arena_
+  void alias_fp8_scratch();        // after the arena's finalize: the views into s_.mx_fwd_bwd
   void quantize_fp8_weights();     // every MXFP8 weight copy from the bound weights (experts: F32 master on CUDA)
   MxExpertRun mx_run(int l, int64_t n, const Tensor& offsets) const;
   MxDense mx_dense() const;

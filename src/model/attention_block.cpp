@@ -10,9 +10,9 @@ void MixtralModel::attention_forward(int l) {
   const LayerTensors& w = w_.layers[l];
   const float theta = static_cast<float>(cfg_.rope_theta);
   ops_.rmsnorm_forward(a.x_in, w.ln1, static_cast<float>(cfg_.rms_norm_eps), a.ln1, a.rstd1);
-  if (mx_attn_) {  // MXFP8: ln1 quantised once for the three projections
-    const MxDense m = mx_dense();
-    const mxfp8::MxView x = mx_dense_rowwise(ops_, m, a.ln1, m.a);
+  if (mx_attn_) {  // MXFP8: ln1 quantised once, rowwise for the three projections and columnwise for their
+    const MxDense m = mx_dense();  // wgrads (kept in ln1_col: ln1 itself is scratch, s_.mx_ln1)
+    const mxfp8::MxView x = mx_dense_quantize(ops_, m, a.ln1, m.a, a.ln1_col);
     mx_linear_forward(ops_, m, x, mxw_[l].wq, a.q);
     mx_linear_forward(ops_, m, x, mxw_[l].wk, a.k);
     mx_linear_forward(ops_, m, x, mxw_[l].wv, a.v);
@@ -44,8 +44,8 @@ void MixtralModel::attention_backward(int l) {
   const int64_t hd = ashape_.head_dim, H = ashape_.n_heads, KVH = ashape_.n_kv_heads;
   const float theta = static_cast<float>(cfg_.rope_theta);
   // s_.dx holds dL/dx_mid, which flows both into the residual (x_in) and the O projection.
-  // MXFP8: the wgrads' columnwise copies of attn / ln1 are made here from the bf16 tensors the backward keeps
-  // anyway (the same bits the forward would have made), in scratch c.
+  // MXFP8: the O projection's wgrad quantises attn columnwise here, into scratch c (the attention backward keeps
+  // attn anyway; the same bits the forward would have made); the QKV wgrads read ln1_col, made by the forward.
   if (mx_attn_) {
     const MxDense m = mx_dense();
     mx_linear_backward(ops_, m, s_.dx, mxw_[l].wo, mx_dense_colwise(ops_, m, a.attn, s_.mx_c), s_.dattn, Tensor(),
@@ -63,7 +63,7 @@ void MixtralModel::attention_backward(int l) {
   ops_.rope_backward(s_.dk.view({T_, KVH, hd}), mb_->pos, theta);
   if (mx_attn_) {  // dtmp = dq Wq + dk Wk + dv Wv (the last two through tmp, free until the norm below)
     const MxDense m = mx_dense();
-    const mxfp8::MxView x = mx_dense_colwise(ops_, m, a.ln1, s_.mx_c);
+    const mxfp8::MxView x = a.ln1_col.view(1, T_, d_, m.fwd, mxfp8::Direction::Columnwise);
     mx_linear_backward(ops_, m, s_.dq, mxw_[l].wq, x, s_.dtmp, Tensor(), g.wq);
     mx_linear_backward(ops_, m, s_.dk, mxw_[l].wk, x, s_.dtmp, s_.tmp, g.wk);
     mx_linear_backward(ops_, m, s_.dv, mxw_[l].wv, x, s_.dtmp, s_.tmp, g.wv);

@@ -50,7 +50,7 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
     LayerActs& a = acts_[l];
     const std::string p = "layer" + std::to_string(l) + ".";
     arena_.add(a.x_in, p + "x_in", A, {T_, d_});
-    arena_.add(a.ln1, p + "ln1", A, {T_, d_});
+    if (!mx_attn_) arena_.add(a.ln1, p + "ln1", A, {T_, d_});  // MXFP8 attention: scratch, ln1_col kept (plan_fp8)
     arena_.add(a.rstd1, p + "rstd1", F, {T_});
     arena_.add(a.q, p + "q", A, {T_, H * hd});
     arena_.add(a.k, p + "k", A, {T_, KVH * hd});
@@ -100,7 +100,7 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   arena_.add(s_.yp, "scratch.expert_out", A, {R_, d_});
   arena_.add(s_.dyp, "scratch.dexpert_out", A, {ep_on ? R_ : Cx_, d_});  // without EP: also dye
   arena_.add(s_.dact, "scratch.dexpert_act", A, {C_, f_});
-  arena_.add(s_.dh13, "scratch.dexpert_h13", A, {Cx_, 2 * f_});
+  if (!mx_) arena_.add(s_.dh13, "scratch.dexpert_h13", A, {Cx_, 2 * f_});  // MXFP8: in s_.mx_fwd_bwd (plan_fp8)
   arena_.add(s_.dxp, "scratch.dexpert_in", A, {R_, d_});
   arena_.add(s_.dwp, "scratch.dexpert_weight", F, {R_});
   if (ep_on) {
@@ -122,6 +122,7 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   if (!allocate) return;
   arena_.finalize(ops_);
   if (mx_) {
+    alias_fp8_scratch();
     mx_weights_arena_.finalize(ops_);
     if (mx_attn_) {
       const int32_t off[2] = {0, static_cast<int32_t>(T_)};
@@ -136,6 +137,7 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
       a.xe = s_.mx_xe;
       a.act = s_.mx_act;
       if (!ep_on) a.xp = s_.mx_xe;
+      if (mx_attn_) a.ln1 = s_.mx_ln1;
     }
     if (ep_on) {
       a.xp = s_.xp_send;

@@ -33,9 +33,12 @@ void MixtralModel::plan_fp8() {
     const std::string p = "layer" + std::to_string(l) + ".";
     acts_[l].xe_col.plan(arena_, p + "expert_in_mx_col", Cx_ * d_);
     acts_[l].act_col.plan(arena_, p + "expert_act_mx_col", Cx_ * f_);
+    if (mx_attn_) acts_[l].ln1_col.plan(arena_, p + "ln1_mx_col", T_ * d_);
   }
-  arena_.add(s_.mx_xe, "scratch.expert_in", A, {Cx_, d_});
-  arena_.add(s_.mx_act, "scratch.expert_act", A, {Cx_, f_});
+  // The backward's dh13 and the forward-only scratch in one buffer (see Scratch::mx_fwd_bwd).
+  int64_t fwd_bwd = std::max(Cx_ * 2 * f_, Cx_ * (f_ + d_));
+  if (mx_attn_) fwd_bwd = std::max(fwd_bwd, T_ * d_);
+  arena_.add(s_.mx_fwd_bwd, "scratch.dexpert_h13|fwd", A, {fwd_bwd});
   const int64_t room = std::max(Cx_ * std::max(d_, 2 * f_), mx_attn_ ? T_ * std::max(d_, H * hd) : 0);
   s_.mx_a.plan(arena_, "scratch.mx_a", room);
   s_.mx_b.plan(arena_, "scratch.mx_b", room);
@@ -56,6 +59,20 @@ void MixtralModel::plan_fp8() {
     q.experts.w13.plan(mx_weights_arena_, p + "experts.w13", El_, 2 * f_, d_);
     q.experts.w2.plan(mx_weights_arena_, p + "experts.w2", El_, d_, f_);
   }
+}
+
+// Which of these is live when (one stream, layers in order; every forward of a micro-batch before its backward):
+//   mx_ln1   attention_forward: rmsnorm -> its MXFP8 copies (rowwise for QKV, columnwise into ln1_col), then dead
+//   mx_xe    moe_forward: permute (or the EP dispatch) -> the experts' input quantisation, then dead
+//   mx_act   moe_forward: SwiGLU -> its quantisation, then dead (mx_xe / mx_act: MXFP8 backward reads the copies)
+//   dh13     moe_backward only: written by SwiGLU's backward before any read
+// mx_ln1 and mx_xe / mx_act live in different sublayers, so they may overlap too.
+void MixtralModel::alias_fp8_scratch() {
+  const Tensor& buf = s_.mx_fwd_bwd;
+  s_.dh13 = buf.rows(0, Cx_ * 2 * f_).view({Cx_, 2 * f_});
+  s_.mx_act = buf.rows(0, Cx_ * f_).view({Cx_, f_});
+  s_.mx_xe = buf.rows(Cx_ * f_, Cx_ * d_).view({Cx_, d_});  // at Cx_ * f_ elements (a multiple of 32 * 32)
+  if (mx_attn_) s_.mx_ln1 = buf.rows(0, T_ * d_).view({T_, d_});
 }
 
 void MixtralModel::quantize_fp8_weights() {

@@ -16,6 +16,14 @@ mxfp8::MxView mx_dense_colwise(Ops& ops, const MxDense& m, const Tensor& x, cons
   return v;
 }
 
+mxfp8::MxView mx_dense_quantize(Ops& ops, const MxDense& m, const Tensor& x, const MxBuf& row, const MxBuf& col) {
+  const int64_t in = x.numel() / m.T;
+  const mxfp8::MxView r = row.view(1, m.T, in, m.fwd, Direction::Rowwise);
+  const mxfp8::MxView c = col.view(1, m.T, in, m.fwd, Direction::Columnwise);
+  ops.mx_quantize(x.view({m.T, in}), &r, &c);
+  return r;
+}
+
 void mx_linear_forward(Ops& ops, const MxDense& m, const mxfp8::MxView& x_row, const MxWeight& W, const Tensor& y) {
   ops.mx_grouped_gemm(x_row, W.rowwise(), m.offsets, y.view({m.T, W.rows}));
 }
