@@ -20,6 +20,8 @@
 #   epover    8x1B (seq 4096, mbs 1, acc 8, 6 steps), stage timing on (MXTRAIN_STAGE_TIMING=1): 1 GPU, then EP=2 on 2
 #             GPUs with the backward combine overlapped (parallelism.ep_overlap), overlapped with 16 SMs left to
 #             NCCL (MXTRAIN_OVERLAP_SMS=16), and not overlapped: tokens/s per GPU and where each rank's GPU time goes
+#   ov8x7b    8x7B layer shapes, 2 layers, EP=2, MXFP8, 4 steps of acc 8: the backward overlap on (0 and 16 SMs left
+#             to NCCL) and off: tokens/s and the overlapped exchange's time
 #   ep8x7b    8x7B layer shapes, 8 layers (6 if 8 do not fit), EP=2 on 2 GPUs, MXFP8 then bf16: memory plan vs
 #             measured peak, tokens/s per GPU, NCCL time and stage times
 set -uo pipefail
@@ -204,6 +206,19 @@ PY
     grep -h "peak allocated" "$OUT/sp_bf16.log" "$OUT/sp_mx.log" | sed 's/^.*\] //' | tee -a "$OUT/sp.txt"
     tail -5 "$OUT/sp_hf.log" | tee -a "$OUT/sp.txt"
     add "8x1B speed bf16/MXFP8/HF" "$(head -2 "$OUT/sp.txt" | tr '\n' ' ' | cut -c1-300)"
+    ;;
+  ov8x7b)
+    for v in on:0 on:16 off:0; do
+      B7="--config-name L1_8x7B_ep backend=cuda parallelism.ep_size=2 config_kwargs.num_hidden_layers=2 \
+          num_train_steps=4 grad_acc_steps=8 lr_scheduler_kwargs.num_warmup_steps=1 lr_scheduler_kwargs.num_decay_steps=3"
+      run="ov7_${v/:/_}"
+      MXTRAIN_STAGE_TIMING=1 MXTRAIN_COMM_TIMING=1 MXTRAIN_OVERLAP_SMS=${v#*:} timeout 200 "${MPIRUN[@]}" \
+        -x MXTRAIN_STAGE_TIMING -x MXTRAIN_OVERLAP_SMS -np 2 "$MX" $B7 \
+        parallelism.ep_overlap=$([[ ${v%%:*} == on ]] && echo true || echo false) output_dir="$OUT/$run" \
+        >"$OUT/$run.log" 2>&1
+      add "8x7B 2L EP=2 MXFP8 overlap $v" "rc=$? $(metrics x="$OUT/$run/metrics.jsonl" | sed 's/.*median//')"
+      grep -h "all_to_all_v\|ep combine (backward" "$OUT/$run.log" | sed 's/^.*\] //' | head -6
+    done
     ;;
   ep8x7b)
     # MXFP8 (the L1 run's precision) and bf16, 8 layers each (both plans fit 141 GB; 6 layers if 8 do not).

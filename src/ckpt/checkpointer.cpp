@@ -239,7 +239,10 @@ void Checkpointer::save(const TrainState& s) {
                    gb_per_s(st.bytes, total_s), total_s, st.write_s, outcome.substr(3));
     return;
   }
-  take_prefault();
+  const auto t_pre = std::chrono::steady_clock::now();
+  const bool prefaulting = prefault_.joinable();
+  take_prefault();  // a save soon after step 1 waits for the background prefault to finish
+  const double prefault_wait_s = prefaulting ? seconds_since(t_pre) : 0.0;
   for (size_t i = 0; i < p->segs.size() && i < spare_.size(); ++i)
     if (static_cast<int64_t>(spare_[i].size()) == p->segs[i].numel()) p->segs[i].host = std::move(spare_[i]);
   spare_.clear();
@@ -250,7 +253,10 @@ void Checkpointer::save(const TrainState& s) {
   if (rank == 0)
     spdlog::info("checkpoint step {}: step loop stalled {:.3f} s (snapshot of {:.3f} GB to host {:.3f} s{}), "
                  "writing in the background", s.step, p->stall_s, gb(p->bytes), snap_s,
-                 prev_step >= 0 ? fmt::format(", waiting for step {}'s save {:.3f} s", prev_step, wait_s) : "");
+                 (prev_step >= 0 ? fmt::format(", waiting for step {}'s save {:.3f} s", prev_step, wait_s) : "") +
+                     (prefault_wait_s >= 0.001
+                          ? fmt::format(", waiting for the host buffers' background prefault {:.3f} s", prefault_wait_s)
+                          : ""));
   Pending* raw = p.get();
   const bool commit_here = world == 1;
   raw->thread = std::thread([raw, rank, commit_here, cfg = cfg_] {
