@@ -5,3 +5,11 @@
 add_test(NAME cpu_only_build COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cpu_only_build.sh ${CMAKE_SOURCE_DIR})
 set_tests_properties(cpu_only_build PROPERTIES TIMEOUT 1800 LABELS slow RESOURCE_LOCK build_cpu_dir
                      COST 1000)  # long: ctest starts it first, alongside the unit tests
+
+# The L1 projection parses a committed shortened-model log (stage and NCCL timing) and prints its table.
+find_program(MXT_PYTHON3 python3)
+if(MXT_PYTHON3)
+  add_test(NAME project_l1 COMMAND ${MXT_PYTHON3} ${CMAKE_SOURCE_DIR}/scripts/project_l1.py
+           ${CMAKE_SOURCE_DIR}/docs/data/8x7b_ep2_8_fp8_true.log)
+  set_tests_properties(project_l1 PROPERTIES PASS_REGULAR_EXPRESSION "8-rank imbalance \\(g=2.5\\) \\| [0-9.]+ \\| [0-9]+")
+endif()
