@@ -111,6 +111,7 @@ struct TrainConfig {
   std::string backend = "auto";  // auto | cpu | cuda
   std::string output_dir = "outputs";
   std::string init_from_pretrained;  // HF safetensors directory; empty: random init
+  bool recompute_experts = false;    // the backward recomputes h13 and the SwiGLU output instead of keeping them
   std::string resolved_yaml;         // the resolved config as YAML (set by main; saved in checkpoints)
 };
 

@@ -34,13 +34,16 @@ struct LayerActs {
   Tensor xe, we;                // (C, d), (C): the rows this rank's experts run, expert-major (EP: received;
                                 //   else aliases of xp, wp)
   Tensor ep_meta;               // (El+1+C) I32, EP only: local expert offsets, then the reorder (EpSplits::meta)
-  Tensor h13, act;              // (C, 2f), (C, f)
+  Tensor h13, act;              // (C, 2f), (C, f); recompute_experts: shared scratch, rebuilt by the backward
   // fp8_config.enabled: xe and act are shared scratch (Scratch::mx_xe, mx_act) and the wgrads read these
   // columnwise MXFP8 copies instead, written by the forward (Cx = C rounded up to 32 rows).
   MxBuf xe_col, act_col;        // (Cx x d), (Cx x f) codes + scales
   // MXFP8 attention (fp8_config.enabled without keep_attention_bf16): ln1 is shared scratch too (Scratch::mx_ln1,
   // read only by the forward's QKV quantisation) and the QKV wgrads read this columnwise copy of it.
   MxBuf ln1_col;                // (T x d)
+  // recompute_experts with MXFP8: the experts' input as the forward's rowwise copy, for the backward to recompute
+  // h13 from (act_col is then shared scratch, rebuilt too).
+  MxBuf xe_row;                 // (Cx x d)
 };
 
 // A layer's weights quantised for MXFP8 (E4M3, rowwise + columnwise), once per optimizer step.
@@ -73,6 +76,9 @@ struct Scratch {
   Tensor mx_ln1;                // (T, d) MXFP8 attention: every layer's ln1 (the layer keeps ln1_col)
   MxBuf mx_a, mx_b, mx_c;       // MXFP8 scratch copies (a, b: Cx x max(d, 2f) or T x d; c: T x d)
   Tensor mx_dense_offsets;      // (2) I32 {0, T}: a dense linear is a one-group grouped GEMM
+  // recompute_experts: one h13 (and act / act_col) for all layers, rebuilt in each layer's backward
+  Tensor rc_h13, rc_act;        // (C, 2f), (C, f) (rc_act: bf16 path only; MXFP8 uses mx_act)
+  MxBuf rc_act_col;             // (Cx x f) MXFP8 only
 };
 
 struct MicroBatch {  // device tensors
@@ -86,7 +92,8 @@ class MixtralModel {
   // ep: the expert-parallel group (layout must hold experts [ep.rank * E/ep.size, ...)); its comms may be
   // null when allocate=false.
   MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch, int64_t seq, const ParamLayout& layout,
-               bool allocate = true, const ExpertParallel& ep = {}, const Fp8Config& fp8 = {});
+               bool allocate = true, const ExpertParallel& ep = {}, const Fp8Config& fp8 = {},
+               bool recompute_experts = false);
 
   // Point the model at its weights and gradient buffers (flat, laid out by the ParamLayout). expert_w is in the
   // activation dtype, or, with fp8_config.enabled, may be F32 (the fp32 master: the experts then read only the
@@ -134,6 +141,7 @@ class MixtralModel {
   int overlap_sms_ = 0;            // SMs the GEMMs leave to an overlapped exchange (MXTRAIN_OVERLAP_SMS)
   Fp8Config fp8_;
   bool mx_ = false, mx_attn_ = false;  // expert GEMMs / attention projections in MXFP8
+  bool recompute_ = false;         // recompute_experts
   mxfp8::Format mx_fwd_ = mxfp8::Format::E4M3, mx_grad_ = mxfp8::Format::E4M3;
   int64_t Cx_ = 0;                 // C rounded up to 32 with MXFP8 (the columnwise copies block tokens), else C
   std::vector<LayerMxWeights> mxw_;

@@ -240,6 +240,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.backend = r.s("backend");
   c.output_dir = r.s("output_dir");
   c.init_from_pretrained = r.s("init_from_pretrained");
+  c.recompute_experts = r.b("recompute_experts");
   c.parallelism.dp_size = r.i("parallelism.dp_size");
   c.parallelism.ep_size = r.i("parallelism.ep_size");
   c.parallelism.timeout_s = r.f("parallelism.timeout_s");

@@ -12,8 +12,10 @@
 namespace mxt {
 
 MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch, int64_t seq,
-                           const ParamLayout& layout, bool allocate, const ExpertParallel& ep, const Fp8Config& fp8)
-    : cfg_(cfg), ops_(ops), B_(micro_batch), S_(seq), ep_(ep), fp8_(fp8), layout_(layout) {
+                           const ParamLayout& layout, bool allocate, const ExpertParallel& ep, const Fp8Config& fp8,
+                           bool recompute_experts)
+    : cfg_(cfg), ops_(ops), B_(micro_batch), S_(seq), ep_(ep), fp8_(fp8), recompute_(recompute_experts),
+      layout_(layout) {
   T_ = B_ * S_;
   k_ = cfg.num_experts_per_tok;
   E_ = cfg.num_local_experts;
@@ -78,8 +80,12 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
       if (!mx_) arena_.add(a.xp, p + "expert_in", A, {R_, d_});
       arena_.add(a.wp, p + "expert_weight", F, {R_});
     }
-    arena_.add(a.h13, p + "expert_h13", A, {C_, 2 * f_});
-    if (!mx_) arena_.add(a.act, p + "expert_act", A, {C_, f_});
+    if (!recompute_) arena_.add(a.h13, p + "expert_h13", A, {C_, 2 * f_});
+    if (!mx_ && !recompute_) arena_.add(a.act, p + "expert_act", A, {C_, f_});
+  }
+  if (recompute_) {  // every layer's forward writes them, its backward rebuilds them from the kept input
+    arena_.add(s_.rc_h13, "scratch.expert_h13 (recomputed)", A, {C_, 2 * f_});
+    if (!mx_) arena_.add(s_.rc_act, "scratch.expert_act (recomputed)", A, {C_, f_});
   }
   arena_.add(x_final_, "x_final", A, {T_, d_});
   arena_.add(ln_final_, "ln_final", A, {T_, d_});
@@ -133,6 +139,11 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
     for (auto& a : acts_) a.moe_in = a.ln2;
   // Without expert parallelism the experts run on the permuted rows themselves.
   for (auto& a : acts_) {
+    if (recompute_) {
+      a.h13 = s_.rc_h13;
+      if (mx_) a.act_col = s_.rc_act_col;
+      else a.act = s_.rc_act;
+    }
     if (mx_) {
       a.xe = s_.mx_xe;
       a.act = s_.mx_act;

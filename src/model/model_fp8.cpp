@@ -32,9 +32,11 @@ void MixtralModel::plan_fp8() {
   for (size_t l = 0; l < acts_.size(); ++l) {
     const std::string p = "layer" + std::to_string(l) + ".";
     acts_[l].xe_col.plan(arena_, p + "expert_in_mx_col", Cx_ * d_);
-    acts_[l].act_col.plan(arena_, p + "expert_act_mx_col", Cx_ * f_);
+    if (recompute_) acts_[l].xe_row.plan(arena_, p + "expert_in_mx_row", Cx_ * d_);
+    else acts_[l].act_col.plan(arena_, p + "expert_act_mx_col", Cx_ * f_);
     if (mx_attn_) acts_[l].ln1_col.plan(arena_, p + "ln1_mx_col", T_ * d_);
   }
+  if (recompute_) s_.rc_act_col.plan(arena_, "scratch.expert_act_mx_col (recomputed)", Cx_ * f_);
   // The backward's dh13 and the forward-only scratch in one buffer (see Scratch::mx_fwd_bwd).
   int64_t fwd_bwd = std::max(Cx_ * 2 * f_, Cx_ * (f_ + d_));
   if (mx_attn_) fwd_bwd = std::max(fwd_bwd, T_ * d_);
@@ -66,6 +68,8 @@ void MixtralModel::plan_fp8() {
 //   mx_xe    moe_forward: permute (or the EP dispatch) -> the experts' input quantisation, then dead
 //   mx_act   moe_forward: SwiGLU -> its quantisation, then dead (mx_xe / mx_act: MXFP8 backward reads the copies)
 //   dh13     moe_backward only: written by SwiGLU's backward before any read
+//   mx_act   also in moe_backward with recompute_experts: SwiGLU's recomputed output -> its columnwise copy, then
+//            dead before dh13 is written
 // mx_ln1 and mx_xe / mx_act live in different sublayers, so they may overlap too.
 void MixtralModel::alias_fp8_scratch() {
   const Tensor& buf = s_.mx_fwd_bwd;
@@ -99,6 +103,7 @@ MxExpertRun MixtralModel::mx_run(int l, int64_t n, const Tensor& offsets) const 
   r.offsets = offsets;
   r.x_col = acts_[l].xe_col;
   r.act_col = acts_[l].act_col;
+  r.x_row = acts_[l].xe_row;
   r.row = s_.mx_a;
   r.col = s_.mx_b;
   return r;

@@ -81,6 +81,14 @@ void MixtralModel::moe_backward(int l) {
     moe_combine_grad(l, overlap);
     if (overlap) ops_.set_sm_reserve(overlap_sms_);
   };
+  if (n > 0 && recompute_) {  // h13 and act as the forward made them (shared scratch): same bits
+    if (mx_) {
+      mx_experts_recompute(ops_, mx_run(l, n, off), mxw_[l].experts, a.we.rows(0, n), a.h13, a.act);
+    } else {
+      ops_.grouped_gemm(a.xe.rows(0, n), w.w13, off, a.h13.rows(0, n));
+      ops_.swiglu_forward(a.h13.rows(0, n), a.we.rows(0, n), a.act.rows(0, n));
+    }
+  }
   if (n > 0 && mx_) {
     mx_experts_backward(ops_, mx_run(l, n, off), mxw_[l].experts, s_.dye, a.h13, a.we.rows(0, n), s_.dact,
                         s_.dh13, s_.dxe, s_.dwe.rows(0, n), g.w13, g.w2, combine);

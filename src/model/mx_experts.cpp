@@ -25,11 +25,22 @@ void mx_experts_forward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w
   const int64_t n = r.n;
   if (n == 0) return;
   mxfp8::MxView xr, xc, ar, ac;
-  quantize_both(ops, x, n, r.d, r.fwd, r.row, r.x_col, xr, xc);
+  quantize_both(ops, x, n, r.d, r.fwd, r.x_row.data.numel() > 0 ? r.x_row : r.row, r.x_col, xr, xc);
   ops.mx_grouped_gemm(xr, w.w13.rowwise(), r.offsets, h13.rows(0, n));
   ops.swiglu_forward(h13.rows(0, n), wp, act.rows(0, n));
   quantize_both(ops, act, n, r.f, r.fwd, r.row, r.act_col, ar, ac);
   ops.mx_grouped_gemm(ar, w.w2.rowwise(), r.offsets, y.rows(0, n));
+}
+
+void mx_experts_recompute(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const Tensor& wp,
+                          const Tensor& h13, const Tensor& act) {
+  const int64_t n = r.n;
+  if (n == 0) return;
+  mxfp8::MxView xr = r.x_row.view(1, mx_pad_rows(n), r.d, r.fwd, Direction::Rowwise), ar, ac;
+  xr.rows = n;
+  ops.mx_grouped_gemm(xr, w.w13.rowwise(), r.offsets, h13.rows(0, n));
+  ops.swiglu_forward(h13.rows(0, n), wp, act.rows(0, n));
+  quantize_both(ops, act, n, r.f, r.fwd, r.row, r.act_col, ar, ac);
 }
 
 void mx_experts_backward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const Tensor& dy,

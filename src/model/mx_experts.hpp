@@ -23,12 +23,17 @@ struct MxExpertRun {
   Tensor offsets;                            // [E+1] I32, on the ops' device
   MxBuf x_col, act_col;  // kept from the forward for the wgrads: room for mx_pad_rows(n) x d and x f
   MxBuf row, col;        // scratch: room for mx_pad_rows(n) x max(d, 2f) each
+  MxBuf x_row;           // recompute_experts: the input's rowwise copy, kept for mx_experts_recompute (else empty)
 };
 
 // x [>= n_pad, d] (its rows [n, n_pad) are zeroed here), wp [n] F32 ->
 // h13 [>= n, 2f] (kept for the backward), act [>= n_pad, f] (scratch), y [>= n, d]; fills x_col, act_col.
 void mx_experts_forward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const Tensor& x,
                         const Tensor& wp, const Tensor& h13, const Tensor& act, const Tensor& y);
+// recompute_experts, at the start of the backward: h13 and act (scratch) and act_col exactly as the forward made
+// them, from the kept x_row.
+void mx_experts_recompute(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const Tensor& wp,
+                          const Tensor& h13, const Tensor& act);
 // dy [>= n_pad, d] (rows [n, n_pad) zeroed here) -> dact [>= n, f], dh13 [>= n_pad, 2f] (scratch),
 // dx [>= n, d] (overwrite), dwp [n] F32 (overwrite); dw13 [E, 2f, d], dw2 [E, d, f] F32 (accumulate).
 void mx_experts_backward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const Tensor& dy,

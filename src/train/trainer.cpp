@@ -86,7 +86,8 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
                           groups_->layout.ep_size, cfg.parallelism.ep_capacity_factor,
                           cfg.parallelism.ep_overlap};
   model_ = std::make_unique<MixtralModel>(cfg.model, ops_, cfg.dataset.micro_batch_size,
-                                          cfg.dataset.max_seq_length, layout_, true, ep, cfg.fp8);
+                                          cfg.dataset.max_seq_length, layout_, true, ep, cfg.fp8,
+                                          cfg.recompute_experts);
   model_->bind(dense_.working, expert_weights(), dense_.grad, expert_.grad);
   if (!cfg.checkpoint.ckpt_dir.empty())
     ckpt_ = std::make_unique<Checkpointer>(cfg, world_ > 1 ? make_mpi_ckpt_comm() : nullptr);
@@ -368,7 +369,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
                           cfg.parallelism.ep_capacity_factor, cfg.parallelism.ep_overlap};
   PlanningOps ops(act_dtype);
   MixtralModel planned(cfg.model, ops, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length, layout, false, ep,
-                       cfg.fp8);
+                       cfg.fp8, cfg.recompute_experts);
   p.activation_bytes = planned.arena().total_bytes();
   p.fp8_weight_bytes = planned.mx_weight_arena().total_bytes();
   std::vector<std::pair<std::string, size_t>> all;
@@ -394,7 +395,7 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       "  fp32 master + grads + AdamW{}: {:.2f} GiB (AdamW moments: ZeRO-1 shards over {} ranks "
       "dense, {} expert)\n"
       "{}"
-      "  activations (arena): {:.2f} GiB\n"
+      "  activations (arena{}): {:.2f} GiB\n"
       "  total: {:.2f} GiB\n  largest activation buffers:\n",
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
       act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts, working,
@@ -403,6 +404,7 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
                                        cfg.fp8.keep_attention_bf16 ? "experts" : "experts, QKV, O",
                                        gib(p.fp8_weight_bytes))
                          : std::string(),
+      cfg.recompute_experts ? "; the experts' h13 and SwiGLU output recomputed in the backward" : "",
       gib(p.activation_bytes), gib(p.param_bytes + p.fp8_weight_bytes + p.activation_bytes));
   for (const auto& [name, bytes] : p.largest) s += fmt::format("    {:<28} {:10.1f} MiB\n", name, bytes / 1048576.0);
   return s;

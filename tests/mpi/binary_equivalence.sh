@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The mxtrain binary under mpirun: `mpirun -np 2 mxtrain ... parallelism.ep_size=2` (and dp_size=2) log the same
 # per-step losses (metrics.jsonl, 1e-5 relative) as one process with grad_acc_steps=2, i.e. the same global
-# batch; save_final_model writes a final model of the same size (under EP=2 rank 0 gathers the experts);
+# batch, also with recompute_experts=true under EP=2; save_final_model writes a final model of the same size (under EP=2 rank 0 gathers the experts);
 # a too small parallelism.ep_capacity_factor fails cleanly.
 # Usage: binary_equivalence.sh MXTRAIN_BINARY
 set -uo pipefail
@@ -14,10 +14,12 @@ STEPS=6
 "$BIN" --config-name L0_sanity "${TINY[@]}" parallelism.ep_size=1 grad_acc_steps=2 num_train_steps=$STEPS \
   output_dir="$TMP/one" checkpoint.ckpt_dir="$TMP/one_ckpt" checkpoint.save_final_model=true \
   checkpoint.save_every_n_steps=0 >"$TMP/one.log" 2>&1 || { cat "$TMP/one.log"; fail "one rank failed"; }
-for layout in "ep 1 2" "dp 2 1"; do
-  read -r name dp ep <<<"$layout"
+# eprc: EP=2 with the experts' activations recomputed in the backward (same losses).
+for layout in "ep 1 2" "dp 2 1" "eprc 1 2 recompute_experts=true"; do
+  read -r name dp ep extra <<<"$layout"
+  # shellcheck disable=SC2086  # $extra: zero or one override
   timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" --config-name L0_sanity "${TINY[@]}" parallelism.dp_size="$dp" \
-    parallelism.ep_size="$ep" grad_acc_steps=1 num_train_steps=$STEPS output_dir="$TMP/$name" \
+    parallelism.ep_size="$ep" $extra grad_acc_steps=1 num_train_steps=$STEPS output_dir="$TMP/$name" \
     checkpoint.ckpt_dir="$TMP/${name}_ckpt" checkpoint.save_final_model=true checkpoint.save_every_n_steps=0 \
     >"$TMP/$name.log" 2>&1 || { cat "$TMP/$name.log"; fail "mpirun -np 2 ($name=2) failed"; }
   # step -> loss from each metrics file; every step must be there and agree.

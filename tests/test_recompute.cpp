@@ -1,0 +1,84 @@
+// recompute_experts: the backward rebuilds the experts' h13 and SwiGLU output (and, with MXFP8, the output's
+// columnwise copy) from the kept input instead of holding them per layer. Same bits, less memory.
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "tiny_config.hpp"
+#include "mxtrain/comm.hpp"
+#include "mxtrain/config.hpp"
+#include "mxtrain/data.hpp"
+#include "mxtrain/trainer.hpp"
+
+namespace mxt::testing {
+namespace {
+
+TrainConfig config(bool fp8, bool recompute) {
+  TrainConfig c = tiny_config("mxtrain_test_recompute", 64, 128);  // MXFP8 wants multiples of 32
+  c.num_train_steps = 8;
+  c.lr_scheduler = {2, 6, 0.1};
+  c.fp8.enabled = fp8;
+  c.recompute_experts = recompute;
+  return c;
+}
+
+std::vector<double> train(const TrainConfig& c) {
+  auto ops = make_cpu_ops();
+  Trainer t(c, *ops, embedded_corpus_tokens());
+  return t.run();
+}
+
+TEST(RecomputeExperts, TrainsBitForBitLikeKeepingTheActivations) {
+  for (const bool fp8 : {false, true}) {
+    const std::vector<double> kept = train(config(fp8, false)), rebuilt = train(config(fp8, true));
+    ASSERT_EQ(kept.size(), rebuilt.size());
+    for (size_t i = 0; i < kept.size(); ++i) EXPECT_EQ(kept[i], rebuilt[i]) << "fp8 " << fp8 << ", step " << i + 1;
+    EXPECT_LT(kept.back(), kept.front() - 0.1) << "fp8 " << fp8 << ": the run did not train";
+  }
+}
+
+// The plan drops every layer's h13 and SwiGLU output (MXFP8: h13 and the output's columnwise copy) for one
+// shared copy, and with MXFP8 keeps the input's rowwise copy per layer instead.
+TEST(RecomputeExperts, PlanDropsThePerLayerBuffers) {
+  auto buf = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  auto mx_copy = [&](int64_t elems) { return buf(elems) + buf((elems + 31) / 32); };  // codes + E8M0 scales
+  for (const bool fp8 : {false, true}) {
+    for (const int ep : {1, 2}) {
+      TrainConfig off_c = config(fp8, false), on_c = config(fp8, true);
+      off_c.parallelism.ep_size = on_c.parallelism.ep_size = ep;
+      off_c.model.num_hidden_layers = on_c.model.num_hidden_layers = 6;
+      const MemoryPlan off = plan_memory(off_c, DType::BF16), on = plan_memory(on_c, DType::BF16);
+      const ModelConfig& m = on_c.model;
+      const int64_t L = m.num_hidden_layers, d = m.hidden_size, f = m.intermediate_size, k = m.num_experts_per_tok;
+      const int64_t T = on_c.dataset.micro_batch_size * on_c.dataset.max_seq_length, R = T * k, a = 2;
+      const int64_t C = ep > 1 ? ep_capacity_rows(T, k, m.num_local_experts, ep, 0.0) : R;
+      const int64_t Cx = (C + 31) / 32 * 32;
+      const int64_t per_layer = fp8 ? buf(C * 2 * f * a) + mx_copy(Cx * f) : buf(C * 2 * f * a) + buf(C * f * a);
+      const int64_t kept_instead = fp8 ? L * mx_copy(Cx * d) : 0;
+      const int64_t saved = (L - 1) * per_layer - kept_instead;
+      EXPECT_GT(saved, 0);
+      EXPECT_EQ(static_cast<int64_t>(off.activation_bytes) - static_cast<int64_t>(on.activation_bytes), saved)
+          << "fp8 " << fp8 << ", ep " << ep;
+    }
+  }
+}
+
+// The full L1 shape on 8 ranks, as --dry-run plans it for the GPU: what recomputation takes off each rank.
+TEST(RecomputeExperts, L1PlanPerRank) {
+  auto plan = [](const std::vector<std::string>& overrides) {
+    const MemoryPlan p = plan_memory(to_train_config(resolve_config(LoadOptions{"L1_8x7B_ep", "", overrides})),
+                                     DType::BF16);
+    return (p.param_bytes + p.fp8_weight_bytes + p.activation_bytes) / 1073741824.0;
+  };
+  for (const char* cf : {"parallelism.ep_capacity_factor=0", "parallelism.ep_capacity_factor=1.25"}) {
+    const double keep = plan({cf}), rc = plan({cf, "recompute_experts=true"});
+    std::printf("L1_8x7B_ep per rank, %s: %.1f GiB, with recompute_experts %.1f GiB\n", cf, keep, rc);
+    EXPECT_LT(rc, keep - 10.0) << cf;
+  }
+}
+
+}  // namespace
+}  // namespace mxt::testing
