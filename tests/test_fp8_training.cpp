@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "mx_experts_test_util.hpp"
+#include "plan_util.hpp"
 #include "tiny_config.hpp"
 #include "mxtrain/comm.hpp"
 #include "mxtrain/config.hpp"
@@ -271,12 +272,7 @@ TEST(Fp8Training, MxPlanIsSmallerThanBf16ByTheMovedBuffers) {
 // The issue-6 goal on the 8x1B benchmark shape (planned for the GPU, bf16 activations): with MXFP8 the whole
 // plan (fp32 state, working copies, MXFP8 weight copies, activations) is below the bf16 run's.
 TEST(Fp8Training, Bench8x1BMxPlanIsBelowBf16) {
-  auto plan = [](const std::vector<std::string>& overrides) {
-    const MemoryPlan p = plan_memory(to_train_config(resolve_config(LoadOptions{"bench_8x1B", "", overrides})),
-                                     DType::BF16);
-    return p.param_bytes + p.fp8_weight_bytes + p.activation_bytes;
-  };
-  const size_t bf16 = plan({}), mx = plan({"fp8_config.enabled=true"});
+  const size_t bf16 = gpu_plan_bytes("bench_8x1B", {}), mx = gpu_plan_bytes("bench_8x1B", {"fp8_config.enabled=true"});
   std::printf("8x1B plan: bf16 %.3f GiB, MXFP8 %.3f GiB\n", bf16 / 1073741824.0, mx / 1073741824.0);
   EXPECT_LT(mx + (size_t{100} << 20), bf16);  // by more than 100 MiB
 }

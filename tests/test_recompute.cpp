@@ -1,12 +1,12 @@
 // recompute_experts: the backward rebuilds the experts' h13 and SwiGLU output (and, with MXFP8, the output's
 // columnwise copy) from the kept input instead of holding them per layer. Same bits, less memory.
 #include <gtest/gtest.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <vector>
 
+#include "plan_util.hpp"
 #include "tiny_config.hpp"
 #include "mxtrain/comm.hpp"
 #include "mxtrain/config.hpp"
@@ -69,9 +69,7 @@ TEST(RecomputeExperts, PlanDropsThePerLayerBuffers) {
 // The full L1 shape on 8 ranks, as --dry-run plans it for the GPU: what recomputation takes off each rank.
 TEST(RecomputeExperts, L1PlanPerRank) {
   auto plan = [](const std::vector<std::string>& overrides) {
-    const MemoryPlan p = plan_memory(to_train_config(resolve_config(LoadOptions{"L1_8x7B_ep", "", overrides})),
-                                     DType::BF16);
-    return (p.param_bytes + p.fp8_weight_bytes + p.activation_bytes) / 1073741824.0;
+    return gpu_plan_bytes("L1_8x7B_ep", overrides) / 1073741824.0;
   };
   for (const char* cf : {"parallelism.ep_capacity_factor=0", "parallelism.ep_capacity_factor=1.25"}) {
     const double keep = plan({cf}), rc = plan({cf, "recompute_experts=true"});
