@@ -23,7 +23,8 @@
 #   ov8x7b    8x7B layer shapes, 2 layers, EP=2, MXFP8, 4 steps of acc 8: the backward overlap on (0 and 16 SMs left
 #             to NCCL) and off: tokens/s and the overlapped exchange's time
 #   ep8x7b    8x7B layer shapes, 8 layers (6 if 8 do not fit), EP=2 on 2 GPUs, MXFP8 then bf16: memory plan vs
-#             measured peak, tokens/s per GPU, NCCL time and stage times
+#             measured peak, tokens/s per GPU, NCCL time and stage times (L1_8x7B_ep's settings, so since 4ad8b99
+#             with recompute_experts and per-layer columnwise weight copies)
 set -uo pipefail
 BIN_DIR=${1:?usage: device_dist_checks.sh BIN_DIR section...}
 shift

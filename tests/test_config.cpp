@@ -132,6 +132,8 @@ TEST(ConfigRecipe, L1_8x7B_epHasTheRecipeValues) {
   EXPECT_EQ(c.parallelism.dp_size, 1);
   EXPECT_TRUE(c.fp8.enabled);
   EXPECT_EQ(c.fp8.fp8_recipe, "MXFP8BlockScaling");
+  EXPECT_TRUE(c.recompute_experts);  // ours, to fit 141 GB per rank
+  EXPECT_FALSE(c.fp8.cache_columnwise_weights);
   EXPECT_EQ(c.dataset.max_seq_length, 4096);
   EXPECT_EQ(c.dataset.micro_batch_size, 1);
 }

@@ -269,6 +269,43 @@ TEST(Fp8Training, MxPlanIsSmallerThanBf16ByTheMovedBuffers) {
   }
 }
 
+// cache_columnwise_weights=false: each layer's backward quantises its dgrad copies into one shared buffer. The same
+// bits as the copies made at the step's start, so the same losses; the plan keeps one layer's copies, not all.
+TEST(Fp8Training, PerLayerColumnwiseCopiesTrainBitForBit) {
+  for (const bool keep_attn : {false, true}) {
+    TrainConfig c = tiny_l0(true, "HYBRID", keep_attn);
+    c.num_train_steps = 8;
+    c.lr_scheduler = {2, 6, 0.1};
+    const std::vector<double> cached = train(c);
+    c.fp8.cache_columnwise_weights = false;
+    const std::vector<double> per_layer = train(c);
+    ASSERT_EQ(cached.size(), per_layer.size());
+    for (size_t i = 0; i < cached.size(); ++i)
+      EXPECT_EQ(cached[i], per_layer[i]) << "keep_attention_bf16 " << keep_attn << ", step " << i + 1;
+  }
+}
+
+TEST(Fp8Training, PerLayerColumnwiseCopiesPlanOneLayer) {
+  auto buf = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  auto mx_copy = [&](int64_t elems) { return buf(elems) + buf((elems + 31) / 32); };
+  for (const bool keep_attn : {false, true}) {
+    TrainConfig on_c = tiny_l0(true, "E4M3", keep_attn);
+    on_c.model.num_hidden_layers = 5;
+    TrainConfig off_c = on_c;
+    off_c.fp8.cache_columnwise_weights = false;
+    const MemoryPlan on = plan_memory(on_c, DType::BF16), off = plan_memory(off_c, DType::BF16);
+    const ModelConfig& m = on_c.model;
+    const int64_t d = m.hidden_size, f = m.intermediate_size, E = m.num_local_experts, q = m.num_attention_heads *
+        m.head_dim(), kv = m.num_key_value_heads * m.head_dim();
+    int64_t one_layer = mx_copy(E * 2 * f * d) + mx_copy(E * d * f);
+    if (!keep_attn) one_layer += mx_copy(q * d) + 2 * mx_copy(kv * d) + mx_copy(d * q);
+    EXPECT_EQ(static_cast<int64_t>(on.fp8_weight_bytes - off.fp8_weight_bytes), m.num_hidden_layers * one_layer)
+        << "keep_attention_bf16 " << keep_attn;
+    EXPECT_EQ(static_cast<int64_t>(off.activation_bytes - on.activation_bytes), one_layer)
+        << "keep_attention_bf16 " << keep_attn;
+  }
+}
+
 // The issue-6 goal on the 8x1B benchmark shape (planned for the GPU, bf16 activations): with MXFP8 the whole
 // plan (fp32 state, working copies, MXFP8 weight copies, activations) is below the bf16 run's.
 TEST(Fp8Training, Bench8x1BMxPlanIsBelowBf16) {

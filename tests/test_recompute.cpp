@@ -66,16 +66,22 @@ TEST(RecomputeExperts, PlanDropsThePerLayerBuffers) {
   }
 }
 
-// The full L1 shape on 8 ranks, as --dry-run plans it for the GPU: what recomputation takes off each rank.
+// The full L1 shape on 8 ranks, as --dry-run plans it for the GPU: what recomputation and the per-layer
+// columnwise weight copies (both on in L1_8x7B_ep.yaml) take off each rank.
 TEST(RecomputeExperts, L1PlanPerRank) {
   auto plan = [](const std::vector<std::string>& overrides) {
     return gpu_plan_bytes("L1_8x7B_ep", overrides) / 1073741824.0;
   };
   for (const char* cf : {"parallelism.ep_capacity_factor=0", "parallelism.ep_capacity_factor=1.25"}) {
-    const double keep = plan({cf}), rc = plan({cf, "recompute_experts=true"});
-    std::printf("L1_8x7B_ep per rank, %s: %.1f GiB, with recompute_experts %.1f GiB\n", cf, keep, rc);
+    const double keep = plan({cf, "recompute_experts=false", "fp8_config.cache_columnwise_weights=true"});
+    const double rc = plan({cf, "fp8_config.cache_columnwise_weights=true"}), both = plan({cf});
+    std::printf("L1_8x7B_ep per rank, %s: %.1f GiB; recompute_experts %.1f GiB; and per-layer columnwise weight "
+                "copies %.1f GiB\n", cf, keep, rc, both);
     EXPECT_LT(rc, keep - 10.0) << cf;
+    EXPECT_LT(both, rc - 5.0) << cf;
   }
+  // An H200 has 140.4 GiB (143,771 MiB); the CUDA context, NCCL and the ops' own scratch need the rest.
+  EXPECT_LT(plan({}), 139.0);
 }
 
 }  // namespace

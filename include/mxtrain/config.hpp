@@ -78,6 +78,7 @@ struct Fp8Config {
   std::string fp8_recipe = "MXFP8BlockScaling";
   std::string fp8_format = "E4M3";
   bool keep_attention_bf16 = false;  // with enabled: QKV / O projections stay bf16 (experts still MXFP8)
+  bool cache_columnwise_weights = true;  // false: the backward quantises each layer's dgrad copies when needed
 };
 
 struct CheckpointConfig {

@@ -130,6 +130,9 @@ class MixtralModel {
   void plan_fp8();                 // the MXFP8 buffers, in arena_ and mx_weights_arena_
   void alias_fp8_scratch();        // after the arena's finalize: the views into s_.mx_fwd_bwd
   void quantize_fp8_weights();     // every MXFP8 weight copy from the bound weights (experts: F32 master on CUDA)
+  // fp8_config.cache_columnwise_weights=false: layer l's dgrad (columnwise) copies, into the shared mx_col_,
+  // just before its backward needs them (attention: QKV and O; else the experts' w13 and w2).
+  void quantize_fp8_colwise(int l, bool attention);
   MxExpertRun mx_run(int l, int64_t n, const Tensor& offsets) const;
   MxDense mx_dense() const;
 
@@ -142,6 +145,7 @@ class MixtralModel {
   Fp8Config fp8_;
   bool mx_ = false, mx_attn_ = false;  // expert GEMMs / attention projections in MXFP8
   bool recompute_ = false;         // recompute_experts
+  LayerMxWeights mx_col_;          // cache_columnwise_weights=false: every layer's columnwise copies, shared
   mxfp8::Format mx_fwd_ = mxfp8::Format::E4M3, mx_grad_ = mxfp8::Format::E4M3;
   int64_t Cx_ = 0;                 // C rounded up to 32 with MXFP8 (the columnwise copies block tokens), else C
   std::vector<LayerMxWeights> mxw_;

@@ -22,7 +22,9 @@ struct MxBuf {
 struct MxWeight {
   MxBuf row, col;
   int64_t batch = 1, rows = 0, cols = 0;  // the weight's shape ([E,] out, in)
-  void plan(Arena& arena, const std::string& name, int64_t batch, int64_t rows, int64_t cols);
+  // Plans the rowwise and / or the columnwise copy (an unplanned one is empty until assigned a planned buffer).
+  void plan(Arena& arena, const std::string& name, int64_t batch, int64_t rows, int64_t cols, bool with_row = true,
+            bool with_col = true);
   mxfp8::MxView rowwise() const;
   mxfp8::MxView colwise() const;
 };

@@ -250,6 +250,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.fp8.fp8_recipe = r.s("fp8_config.fp8_recipe");
   c.fp8.fp8_format = r.s("fp8_config.fp8_format");
   c.fp8.keep_attention_bf16 = r.b("fp8_config.keep_attention_bf16");
+  c.fp8.cache_columnwise_weights = r.b("fp8_config.cache_columnwise_weights");
   CheckpointConfig& k = c.checkpoint;
   k.ckpt_dir = r.s("checkpoint.ckpt_dir");
   k.save_every_n_steps = r.i("checkpoint.save_every_n_steps");

@@ -47,6 +47,7 @@ void MixtralModel::attention_backward(int l) {
   // MXFP8: the O projection's wgrad quantises attn columnwise here, into scratch c (the attention backward keeps
   // attn anyway; the same bits the forward would have made); the QKV wgrads read ln1_col, made by the forward.
   if (mx_attn_) {
+    quantize_fp8_colwise(l, true);
     const MxDense m = mx_dense();
     mx_linear_backward(ops_, m, s_.dx, mxw_[l].wo, mx_dense_colwise(ops_, m, a.attn, s_.mx_c), s_.dattn, Tensor(),
                        g.wo);

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mxtrain/model.hpp"
@@ -130,6 +131,14 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   if (mx_) {
     alias_fp8_scratch();
     mx_weights_arena_.finalize(ops_);
+    if (!fp8_.cache_columnwise_weights) {
+      for (LayerMxWeights& q : mxw_) {
+        for (auto [m, shared] : {std::pair{&q.wq, &mx_col_.wq}, {&q.wk, &mx_col_.wk}, {&q.wv, &mx_col_.wv},
+                                 {&q.wo, &mx_col_.wo}, {&q.experts.w13, &mx_col_.experts.w13},
+                                 {&q.experts.w2, &mx_col_.experts.w2}})
+          m->col = shared->col;
+      }
+    }
     if (mx_attn_) {
       const int32_t off[2] = {0, static_cast<int32_t>(T_)};
       ops_.upload(s_.mx_dense_offsets.data, off, sizeof(off));

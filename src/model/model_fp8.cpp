@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "model/mx_experts.hpp"
 #include "model/mx_linear.hpp"
@@ -48,18 +49,35 @@ void MixtralModel::plan_fp8() {
     s_.mx_c.plan(arena_, "scratch.mx_c", T_ * std::max(d_, H * hd));
     arena_.add(s_.mx_dense_offsets, "scratch.mx_dense_offsets", DType::I32, {2});
   }
-  mxw_.resize(acts_.size());
-  for (size_t l = 0; l < mxw_.size(); ++l) {
-    const std::string p = "layer" + std::to_string(l) + ".";
-    LayerMxWeights& q = mxw_[l];
+  // The weight copies: rowwise always per layer; columnwise per layer too, or (cache_columnwise_weights=false)
+  // one shared set in the activation arena, requantised by each layer's backward.
+  auto plan_layer = [&](LayerMxWeights& q, Arena& arena, const std::string& p, bool row, bool col) {
     if (mx_attn_) {
-      q.wq.plan(mx_weights_arena_, p + "wq", 1, H * hd, d_);
-      q.wk.plan(mx_weights_arena_, p + "wk", 1, KVH * hd, d_);
-      q.wv.plan(mx_weights_arena_, p + "wv", 1, KVH * hd, d_);
-      q.wo.plan(mx_weights_arena_, p + "wo", 1, d_, H * hd);
+      q.wq.plan(arena, p + "wq", 1, H * hd, d_, row, col);
+      q.wk.plan(arena, p + "wk", 1, KVH * hd, d_, row, col);
+      q.wv.plan(arena, p + "wv", 1, KVH * hd, d_, row, col);
+      q.wo.plan(arena, p + "wo", 1, d_, H * hd, row, col);
     }
-    q.experts.w13.plan(mx_weights_arena_, p + "experts.w13", El_, 2 * f_, d_);
-    q.experts.w2.plan(mx_weights_arena_, p + "experts.w2", El_, d_, f_);
+    q.experts.w13.plan(arena, p + "experts.w13", El_, 2 * f_, d_, row, col);
+    q.experts.w2.plan(arena, p + "experts.w2", El_, d_, f_, row, col);
+  };
+  const bool cache = fp8_.cache_columnwise_weights;
+  mxw_.resize(acts_.size());
+  for (size_t l = 0; l < mxw_.size(); ++l)
+    plan_layer(mxw_[l], mx_weights_arena_, "layer" + std::to_string(l) + ".", true, cache);
+  if (!cache) plan_layer(mx_col_, arena_, "scratch.", false, true);
+}
+
+void MixtralModel::quantize_fp8_colwise(int l, bool attention) {
+  if (fp8_.cache_columnwise_weights) return;
+  const LayerTensors& w = w_.layers[l];
+  const LayerMxWeights& q = mxw_[l];
+  if (attention) {
+    for (auto [W, m] : {std::pair{&w.wq, &q.wq}, {&w.wk, &q.wk}, {&w.wv, &q.wv}, {&w.wo, &q.wo}})
+      mx_quantize_weight(ops_, *W, *m, false, true);
+  } else {
+    mx_quantize_weight(ops_, w.w13, q.experts.w13, false, true);
+    mx_quantize_weight(ops_, w.w2, q.experts.w2, false, true);
   }
 }
 
@@ -80,16 +98,17 @@ void MixtralModel::alias_fp8_scratch() {
 }
 
 void MixtralModel::quantize_fp8_weights() {
+  const bool col = fp8_.cache_columnwise_weights;
   for (size_t l = 0; l < mxw_.size(); ++l) {
     const LayerTensors& w = w_.layers[l];
     const LayerMxWeights& q = mxw_[l];
-    mx_quantize_weight(ops_, w.w13, q.experts.w13);
-    mx_quantize_weight(ops_, w.w2, q.experts.w2);
+    mx_quantize_weight(ops_, w.w13, q.experts.w13, true, col);
+    mx_quantize_weight(ops_, w.w2, q.experts.w2, true, col);
     if (!mx_attn_) continue;
-    mx_quantize_weight(ops_, w.wq, q.wq);
-    mx_quantize_weight(ops_, w.wk, q.wk);
-    mx_quantize_weight(ops_, w.wv, q.wv);
-    mx_quantize_weight(ops_, w.wo, q.wo);
+    mx_quantize_weight(ops_, w.wq, q.wq, true, col);
+    mx_quantize_weight(ops_, w.wk, q.wk, true, col);
+    mx_quantize_weight(ops_, w.wv, q.wv, true, col);
+    mx_quantize_weight(ops_, w.wo, q.wo, true, col);
   }
 }
 

@@ -81,6 +81,7 @@ void MixtralModel::moe_backward(int l) {
     moe_combine_grad(l, overlap);
     if (overlap) ops_.set_sm_reserve(overlap_sms_);
   };
+  if (mx_) quantize_fp8_colwise(l, false);
   if (n > 0 && recompute_) {  // h13 and act as the forward made them (shared scratch): same bits
     if (mx_) {
       mx_experts_recompute(ops_, mx_run(l, n, off), mxw_[l].experts, a.we.rows(0, n), a.h13, a.act);

@@ -27,12 +27,13 @@ mxfp8::MxView MxBuf::view(int64_t batch, int64_t rows, int64_t cols, mxfp8::Form
   return v;
 }
 
-void MxWeight::plan(Arena& arena, const std::string& name, int64_t b, int64_t r, int64_t c) {
+void MxWeight::plan(Arena& arena, const std::string& name, int64_t b, int64_t r, int64_t c, bool with_row,
+                    bool with_col) {
   batch = b;
   rows = r;
   cols = c;
-  row.plan(arena, name + ".mx_row", b * r * c);
-  col.plan(arena, name + ".mx_col", b * r * c);
+  if (with_row) row.plan(arena, name + ".mx_row", b * r * c);
+  if (with_col) col.plan(arena, name + ".mx_col", b * r * c);
 }
 
 mxfp8::MxView MxWeight::rowwise() const {

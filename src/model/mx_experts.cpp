@@ -65,9 +65,11 @@ void mx_experts_backward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& 
   ops.mx_grouped_gemm_wgrad(gc, xc, r.offsets, dw13);
 }
 
-void mx_quantize_weight(Ops& ops, const Tensor& W, const MxWeight& q) {
-  const mxfp8::MxView row = q.rowwise(), col = q.colwise();
-  ops.mx_quantize(W, &row, &col);
+void mx_quantize_weight(Ops& ops, const Tensor& W, const MxWeight& q, bool rowwise, bool colwise) {
+  mxfp8::MxView row, col;
+  if (rowwise) row = q.rowwise();
+  if (colwise) col = q.colwise();
+  ops.mx_quantize(W, rowwise ? &row : nullptr, colwise ? &col : nullptr);
 }
 
 }  // namespace mxt

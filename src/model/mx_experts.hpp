@@ -41,7 +41,7 @@ void mx_experts_backward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& 
                          const Tensor& dx, const Tensor& dwp, const Tensor& dw13, const Tensor& dw2,
                          const std::function<void()>& after_dgrad = {});  // called once dx is written
 
-// Both E4M3 copies of a weight [rows, cols] or [E, rows, cols] in one pass.
-void mx_quantize_weight(Ops& ops, const Tensor& W, const MxWeight& q);
+// The E4M3 copies of a weight [rows, cols] or [E, rows, cols] in one pass: both, or only one of them.
+void mx_quantize_weight(Ops& ops, const Tensor& W, const MxWeight& q, bool rowwise = true, bool colwise = true);
 
 }  // namespace mxt

@@ -400,7 +400,10 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
       act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts, working,
       gib(p.param_bytes), cfg.parallelism.dp_size * cfg.parallelism.ep_size, cfg.parallelism.dp_size,
-      p.fp8_weight_bytes ? fmt::format("  MXFP8 weight copies (E4M3 rowwise + columnwise, {}): {:.2f} GiB\n",
+      p.fp8_weight_bytes ? fmt::format("  MXFP8 weight copies (E4M3 {}, {}): {:.2f} GiB\n",
+                                       cfg.fp8.cache_columnwise_weights
+                                           ? "rowwise + columnwise"
+                                           : "rowwise; the columnwise ones one layer at a time, in the activations",
                                        cfg.fp8.keep_attention_bf16 ? "experts" : "experts, QKV, O",
                                        gib(p.fp8_weight_bytes))
                          : std::string(),

@@ -136,7 +136,8 @@ TEST(CudaMxTraining, TinyL0Fp8TracksTheCpuTwin) {
 }
 
 // recompute_experts on the GPU, bf16 and MXFP8: the backward's rebuilt h13 / SwiGLU output (and its columnwise
-// copy) are the forward's bits, so the losses equal the run that kept them (the CUDA path is deterministic).
+// copy) are the forward's bits, so the losses equal the run that kept them (the CUDA path is deterministic); so
+// do MXFP8's per-layer columnwise weight copies (fp8_config.cache_columnwise_weights=false, L1_8x7B_ep's setting).
 TEST(CudaMxTraining, RecomputeExpertsGivesTheSameLosses) {
   MXT_REQUIRE_GPU();
   for (const bool fp8 : {false, true}) {
@@ -157,6 +158,15 @@ TEST(CudaMxTraining, RecomputeExpertsGivesTheSameLosses) {
     }
     ASSERT_EQ(kept.size(), rebuilt.size());
     for (size_t i = 0; i < kept.size(); ++i) EXPECT_EQ(kept[i], rebuilt[i]) << "fp8 " << fp8 << ", step " << i + 1;
+    if (!fp8) continue;
+    c.fp8.cache_columnwise_weights = false;
+    std::vector<double> per_layer;
+    {
+      Trainer t(c, *gpu, embedded_corpus_tokens());
+      per_layer = t.run();
+    }
+    ASSERT_EQ(kept.size(), per_layer.size());
+    for (size_t i = 0; i < kept.size(); ++i) EXPECT_EQ(kept[i], per_layer[i]) << "per-layer copies, step " << i + 1;
   }
 }
 
