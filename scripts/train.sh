@@ -70,7 +70,7 @@ else
   [[ "$EP" =~ ^[0-9]+$ && "$EP" -ge 1 ]] || EP=$NGPU  # a bad user value: mxtrain names it
   user_value parallelism.dp_size >/dev/null || EXTRA+=("parallelism.dp_size=$((NGPU / EP))")
   echo "train.sh: $NGPU GPUs: mpirun -np $NGPU (ep_size $EP, dp_size $((NGPU / EP)) unless set)"
-  MPIRUN=(mpirun -np "$NGPU" -x NCCL_NVLS_ENABLE)
+  MPIRUN=(mpirun -np "$NGPU" --bind-to none -x NCCL_NVLS_ENABLE)  # unpinned: the set-up uses many threads
   [[ $(id -u) -eq 0 ]] && MPIRUN+=(--allow-run-as-root)
   CMD=("${MPIRUN[@]}" "$BIN" --config-name "$CONFIG_NAME" "${EXTRA[@]}" "${ARGS[@]}")
 fi

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mxtrain/cpus.hpp"
 #include "mxtrain/safetensors.hpp"
 
 namespace mxt {
@@ -51,7 +52,7 @@ bool host_is_little_endian() {
 template <class Fn>
 void parallel_ranges(int64_t n, Fn fn) {
   constexpr int64_t kMinPerThread = int64_t(1) << 20;
-  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t hw = usable_cpus();
   const int64_t threads = std::min<int64_t>({hw, 16, std::max<int64_t>(1, n / kMinPerThread)});
   if (threads <= 1) {
     fn(int64_t(0), n);

@@ -3,6 +3,7 @@
 #include <thread>
 #include <vector>
 
+#include "mxtrain/cpus.hpp"
 #include "mxtrain/params.hpp"
 #include "mxtrain/rng.hpp"
 
@@ -37,9 +38,9 @@ void init_params_host(const ParamLayout& layout, const ModelConfig& m, uint64_t 
   auto fill = [&] {
     for (size_t i; (i = next.fetch_add(1)) < layout.params.size();) fill_one(layout.params[i]);
   };
-  const unsigned n = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  const int n = std::min(16, usable_cpus());
   std::vector<std::thread> pool;
-  for (unsigned t = 0; t < n; ++t) pool.emplace_back(fill);
+  for (int t = 0; t < n; ++t) pool.emplace_back(fill);
   for (auto& t : pool) t.join();
 }
 

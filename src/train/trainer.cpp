@@ -9,6 +9,7 @@
 
 #include "cpu/cpu_ops.hpp"
 #include "mxtrain/checkpoint.hpp"
+#include "mxtrain/cpus.hpp"
 #include "mxtrain/lr_schedule.hpp"
 #include "mxtrain/metrics.hpp"
 #include "mxtrain/safetensors.hpp"
@@ -71,6 +72,10 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   // else without an expert working copy (MXFP8 on bf16) expert_.working stays empty: the model reads the
   // master (expert_weights()), from which it quantises its MXFP8 expert copies.
 
+  // Set-up can take minutes at full scale (billions of values drawn, tens of GB moved): say where it went.
+  using clock = std::chrono::steady_clock;
+  auto secs = [](clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); };
+  auto t0 = clock::now();
   std::vector<float> dense, expert;
   if (cfg.init_from_pretrained.empty()) {
     init_params_host(layout_, cfg.model, cfg.seed, dense, expert);
@@ -78,9 +83,15 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
     import_hf_weights(cfg.init_from_pretrained, layout_, cfg.model, dense, expert);
     if (rank_ == 0) spdlog::info("weights from {}", cfg.init_from_pretrained);
   }
+  const double init_s = secs(t0);
+  t0 = clock::now();
   ops_.upload(dense_.master.data, dense.data(), dense.size() * sizeof(float));
   ops_.upload(expert_.master.data, expert.data(), expert.size() * sizeof(float));
   refresh_working_weights();
+  ops_.synchronize();
+  const double upload_s = secs(t0);
+  const double upload_gb = static_cast<double>(dense.size() + expert.size()) * sizeof(float) / 1e9;
+  t0 = clock::now();
 
   const ExpertParallel ep{groups_->ep.get(), groups_->ep_host.get(), groups_->layout.ep_rank,
                           groups_->layout.ep_size, cfg.parallelism.ep_capacity_factor,
@@ -91,6 +102,14 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   model_->bind(dense_.working, expert_weights(), dense_.grad, expert_.grad);
   if (!cfg.checkpoint.ckpt_dir.empty())
     ckpt_ = std::make_unique<Checkpointer>(cfg, world_ > 1 ? make_mpi_ckpt_comm() : nullptr);
+  if (rank_ == 0 && usable_cpus() == 1 && machine_cpus() > 1)
+    spdlog::warn("this rank may run on 1 of the machine's {} CPUs (mpirun binds each rank to a core by default): "
+                 "the set-up and background checkpoint writes are serialised; give ranks more cores (mpirun "
+                 "--bind-to none, or --map-by slot:PE=N)", machine_cpus());
+  if (rank_ == 0)
+    spdlog::info("set-up: weights {} in {:.1f} s, {:.1f} GB to the {} in {:.1f} s (with the working copies), model "
+                 "buffers in {:.1f} s", cfg.init_from_pretrained.empty() ? "initialised" : "read", init_s, upload_gb,
+                 ops_.name(), upload_s, secs(t0));
 }
 
 Trainer::~Trainer() = default;
