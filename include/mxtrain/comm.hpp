@@ -163,16 +163,19 @@ struct EpSplits {
 void plan_ep_splits(const std::vector<int32_t>& my_counts, const std::vector<int32_t>& recv_from, int ep_size,
                     EpSplits& out);
 // THE place where routing reaches the host: downloads the permutation offsets [E+1] (a device sync on the
-// CUDA backend), all-to-alls the per-expert counts over the EP group on host memory, plans the splits and
+// CUDA backend), all-gathers the per-expert counts over the EP group on host memory (every rank then knows every
+// rank's load, for the imbalance statistics; it keeps what is sent to it), plans the splits and
 // checks the receive capacity (throws naming parallelism.ep_capacity_factor when it is exceeded).
 void exchange_expert_counts(Ops& ops, const Tensor& offsets, int64_t num_experts, const ExpertParallel& ep,
                             int64_t capacity_rows, EpSplits& out);
 // What the exchanges above saw in this process: how evenly the routed rows fell on this rank's experts, and how
 // long the host waited for the device (the counts download drains the stream) and for the peers (the count
-// all-to-all returns when the slowest EP rank reaches the same layer). Rows sent and received are per layer.
+// exchange returns when the slowest EP rank reaches the same layer). Rows sent and received are per layer.
 struct EpExchangeStats {
   int64_t exchanges = 0;
   int64_t rows_sent = 0, rows_received = 0, max_received = 0;
+  // Summed over exchanges: the most loaded EP rank's rows (the layer's critical path) and the mean over ranks.
+  int64_t busiest_rows = 0, mean_rows = 0;
   double download_s = 0, peer_wait_s = 0;
 };
 const EpExchangeStats& ep_exchange_stats();

@@ -25,19 +25,24 @@ void reset_ep_exchange_stats() { g_stats = EpExchangeStats{}; }
 
 void log_ep_exchange_stats(Comm& world) {
   const EpExchangeStats& s = g_stats;
-  constexpr int kFields = 6;
+  constexpr int kFields = 8;
   const double mine[kFields] = {static_cast<double>(s.exchanges),     static_cast<double>(s.rows_sent),
                                 static_cast<double>(s.rows_received), static_cast<double>(s.max_received),
-                                s.download_s,                         s.peer_wait_s};
+                                s.download_s,                         s.peer_wait_s,
+                                static_cast<double>(s.busiest_rows),  static_cast<double>(s.mean_rows)};
   std::vector<double> all(static_cast<size_t>(kFields * world.size()));
   world.all_gather(mine, all.data(), kFields, CommType::F64);
   if (world.rank() != 0) return;
+  if (all[0] > 0 && all[7] > 0)  // the same on every rank of an EP group: rank 0's view
+    spdlog::info("EP load: the busiest EP rank's experts received {:.0f} rows per layer on average, the mean rank "
+                 "{:.0f}: the experts' critical path is {:.3f}x a balanced one", all[6] / all[0], all[7] / all[0],
+                 all[6] / all[7]);
   for (int r = 0; r < world.size(); ++r) {
     const double* v = all.data() + r * kFields;
     if (v[0] == 0) continue;
     spdlog::info("EP exchanges (after the first step), world rank {}: {:.0f} layers x micro-batches; rows per layer sent {:.0f}, received "
                  "{:.0f} (max {:.0f}); host waited {:.3f} s for the device (counts download) and {:.3f} s for the "
-                 "peers (count all-to-all)", r, v[0], v[1] / v[0], v[2] / v[0], v[3], v[4], v[5]);
+                 "peers (count exchange)", r, v[0], v[1] / v[0], v[2] / v[0], v[3], v[4], v[5]);
   }
 }
 
@@ -103,13 +108,22 @@ void exchange_expert_counts(Ops& ops, const Tensor& offsets, int64_t num_experts
   ops.download(off.data(), offsets.data, off.size() * sizeof(int32_t));
   g_stats.download_s += seconds_since(t0);
   for (int64_t e = 0; e < E; ++e) mine[e] = off[e + 1] - off[e];
-  // Peer p gets my counts of its experts [p*El, (p+1)*El); I get theirs of mine, at [p*El, (p+1)*El).
-  std::vector<int64_t> counts(ep.size, El), displs(ep.size);
-  for (int p = 0; p < ep.size; ++p) displs[p] = p * El;
+  // Every rank's counts of every expert: all[p * E + e]. I keep what peers send to my experts [rank*El, +El).
+  std::vector<int32_t> all(static_cast<size_t>(ep.size * E));
   t0 = std::chrono::steady_clock::now();
-  ep.host->all_to_all_v(mine.data(), counts.data(), displs.data(), theirs.data(), counts.data(), displs.data(), 1,
-                        CommType::I32);
+  ep.host->all_gather(mine.data(), all.data(), E, CommType::I32);
   g_stats.peer_wait_s += seconds_since(t0);
+  int64_t busiest = 0, total = 0;
+  for (int r = 0; r < ep.size; ++r) {
+    int64_t rows = 0;
+    for (int p = 0; p < ep.size; ++p)
+      for (int64_t e = 0; e < El; ++e) rows += all[static_cast<size_t>(p * E + r * El + e)];
+    busiest = std::max(busiest, rows);
+    total += rows;
+  }
+  for (int p = 0; p < ep.size; ++p)
+    for (int64_t e = 0; e < El; ++e)
+      theirs[static_cast<size_t>(p * El + e)] = all[static_cast<size_t>(p * E + ep.rank * El + e)];
   plan_ep_splits(mine, theirs, ep.size, out);
   if (out.recv_rows > capacity_rows)
     throw std::runtime_error(fmt::format(
@@ -117,6 +131,8 @@ void exchange_expert_counts(Ops& ops, const Tensor& offsets, int64_t num_experts
         "rows, parallelism.ep_capacity_factor={}); raise parallelism.ep_capacity_factor, or set it to 0 for the "
         "worst case", ep.rank, out.recv_rows, capacity_rows, ep.capacity_factor));
   ++g_stats.exchanges;
+  g_stats.busiest_rows += busiest;
+  g_stats.mean_rows += total / ep.size;
   for (int64_t c : out.send_counts) g_stats.rows_sent += c;
   g_stats.rows_received += out.recv_rows;
   g_stats.max_received = std::max(g_stats.max_received, out.recv_rows);

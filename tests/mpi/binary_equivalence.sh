@@ -45,6 +45,9 @@ for layout in "ep 1 2" "dp 2 1" "eprc 1 2 recompute_experts=true"; do
         "$TMP/$name.log" ||
         { cat "$TMP/$name.log"; fail "no EP exchange statistics for rank $r"; }
     done
+    # The busiest rank's rows can only be at or above the mean rank's.
+    factor=$(sed -n 's/.*EP load: .* critical path is \([0-9.]*\)x a balanced one.*/\1/p' "$TMP/$name.log")
+    awk -v f="$factor" 'BEGIN { exit !(f != "" && f >= 1.0) }' || { cat "$TMP/$name.log"; fail "EP load line: '$factor'"; }
   fi
   # The final HF export: the same tensors as one rank's (its values are checked by mxtrain_mpi_check).
   one=$(cat "$TMP"/one_ckpt/final_model/*.safetensors | wc -c)
