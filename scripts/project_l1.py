@@ -31,7 +31,7 @@ import sys
 
 
 def parse(path):
-    stages, a2a, rows = {}, None, {}
+    stages, a2a, rows, load = {}, None, {}, None
     cur = None
     for line in open(path):
         m = re.match(r"stage times \(GPU, compute stream\), world rank (\d+), over (\d+) steps:", line)
@@ -50,9 +50,12 @@ def parse(path):
         m = re.search(r"EP exchanges \(after the first step\), world rank (\d+): .* received (\d+) \(max (\d+)\)", line)
         if m:
             rows[int(m.group(1))] = (int(m.group(2)), int(m.group(3)))
+        m = re.search(r"EP load: .* critical path is ([\d.]+)x a balanced one", line)
+        if m:
+            load = float(m.group(1))
     if not stages or a2a is None:
         sys.exit(f"{path}: no stage times or no NCCL timing (run with MXTRAIN_STAGE_TIMING=1 MXTRAIN_COMM_TIMING=1)")
-    return stages, a2a, rows
+    return stages, a2a, rows, load
 
 
 def main():
@@ -64,7 +67,7 @@ def main():
     p.add_argument("--target-layers", type=int, default=32)
     p.add_argument("--tokens", type=int, default=4096, help="tokens per micro-batch per rank")
     a = p.parse_args()
-    stages, a2a, rows = parse(a.log)
+    stages, a2a, rows, load = parse(a.log)
     per = a.layers * a.n_mb
     ranks = sorted(stages)
     get = lambda r, k: stages[r].get(k, 0.0)
@@ -86,6 +89,8 @@ def main():
           f"-> {a.n_mb * a.tokens * 1e3 / step2:,.0f} tokens/s per GPU")
     if rows:
         print("  rows received per layer (mean, max): " + ", ".join(f"r{r} {v[0]} ({v[1]})" for r, v in rows.items()))
+    if load:
+        print(f"  busiest EP rank's rows per layer / the mean rank's (logged since 869c3db): {load:.3f}")
     print(f"  split of the ep stages: transfers {transfer2:.2f}, fixed (host sync, reorders) {fixed:.2f}, "
           f"imbalance {imbalance2:.2f}")
     print(f"\nprojection: {a.target_layers} layers, EP={a.ep}, 1 micro-batch of {a.tokens} tokens per rank per step")
