@@ -184,12 +184,43 @@ class ShapeOnlyComm : public Comm {
   void reduce_scatter_sum(const void*, void*, int64_t, CommType) override {}
   void all_gather(const void*, void*, int64_t, CommType) override {}
   void broadcast(void*, int64_t, CommType, int) override {}
+  void reduce_spans(const std::vector<ReduceSpan>& spans, CommType, bool) override {
+    seen.insert(seen.end(), spans.begin(), spans.end());
+  }
   void barrier() override {}
+  std::vector<ReduceSpan> seen;
 
  private:
   int rank_, size_;
   std::string name_ = "test group";
 };
+
+// Per-range reductions: every element of [begin, end) goes to the rank whose shard holds it, once.
+TEST(ParamShard, GradRangesReduceToTheirOwners) {
+  for (int64_t numel : {7, 1000, 1001}) {
+    for (int size : {2, 3, 4}) {
+      ShapeOnlyComm c(1, size);
+      const ParamShard s = make_param_shard(&c, numel);
+      std::vector<float> g(static_cast<size_t>(s.padded));
+      const Tensor grad(g.data(), DType::F32, {s.padded});
+      const std::vector<int64_t> cuts = {0, 1, numel / 3, numel / 2 + 1, s.padded};  // ranges covering the buffer
+      for (size_t i = 0; i + 1 < cuts.size(); ++i) start_reduce_grad_range(s, grad, cuts[i], cuts[i + 1]);
+      std::vector<int> hits(g.size(), 0);
+      for (const Comm::ReduceSpan& sp : c.seen) {
+        const int64_t lo = static_cast<float*>(sp.buf) - g.data();
+        ASSERT_GT(sp.count, 0);
+        EXPECT_GE(lo, sp.root * s.shard);
+        EXPECT_LE(lo + sp.count, (sp.root + 1) * s.shard);
+        for (int64_t k = lo; k < lo + sp.count; ++k) ++hits[static_cast<size_t>(k)];
+      }
+      for (size_t k = 0; k < hits.size(); ++k) ASSERT_EQ(hits[k], 1) << "element " << k << ", size " << size;
+    }
+  }
+  ShapeOnlyComm c(0, 2);
+  const ParamShard s = make_param_shard(&c, 10);
+  std::vector<float> g(10);
+  EXPECT_THROW(start_reduce_grad_range(s, Tensor(g.data(), DType::F32, {10}), 5, 11), std::invalid_argument);
+}
 
 TEST(ParamShard, ShardsCoverThePaddedBufferOnce) {
   for (int64_t numel : {1, 7, 8, 1000, 1001}) {

@@ -84,6 +84,15 @@ class Comm {
   // recv[r*count, (r+1)*count) = rank r's send[0, count). In place when send == recv + rank*count.
   virtual void all_gather(const void* send, void* recv, int64_t count, CommType type) = 0;
   virtual void broadcast(void* buf, int64_t count, CommType type, int root) = 0;
+  // Sums of several spans, each to its own root: on rank root, buf[0, count) = the sum over ranks of their
+  // buf[0, count) (in place; the other ranks' spans are left as they were). start: as start_all_to_all_v (the
+  // compute stream does not wait; wait_started() orders it after). On NCCL one group; elsewhere one call each.
+  struct ReduceSpan {
+    void* buf;
+    int64_t count;
+    int root;
+  };
+  virtual void reduce_spans(const std::vector<ReduceSpan>& spans, CommType type, bool start) = 0;
   // Returns when every member has called it (and, on NCCL, when this rank's enqueued collectives are done).
   virtual void barrier() = 0;
 };
@@ -195,6 +204,10 @@ struct ParamShard {
 ParamShard make_param_shard(Comm* comm, int64_t numel);
 // grad[offset, offset+shard) = sum over the replicas of grad (in place; the rest of grad is then stale).
 void reduce_scatter_grads(const ParamShard& s, const Tensor& grad);
+// The same for the elements [begin, end) of grad only, each part summed to the replica whose shard holds it, and
+// started (see Comm::reduce_spans): a range whose gradient is final can be reduced while the backward goes on.
+// Ranges that together cover the padded buffer once leave it as reduce_scatter_grads would.
+void start_reduce_grad_range(const ParamShard& s, const Tensor& grad, int64_t begin, int64_t end);
 // master = every replica's updated shard (in place).
 void all_gather_params(const ParamShard& s, const Tensor& master);
 

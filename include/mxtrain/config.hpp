@@ -71,6 +71,7 @@ struct ParallelismConfig {
   double timeout_s = 600;           // a collective not done after this long aborts the job (<= 0: never)
   double ep_capacity_factor = 0.0;  // expert receive buffers in rows, x T*k; 0: the worst case (never overflows)
   bool ep_overlap = true;           // the backward's expert combine runs alongside the expert weight gradients
+  bool overlap_grad_reduce = false;  // each layer's gradients reduced as the last backward finishes with them
 };
 
 struct Fp8Config {

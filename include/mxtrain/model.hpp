@@ -2,6 +2,7 @@
 // Mixtral forward and backward over the op interface (no autograd): each sublayer has an explicit forward
 // that saves into the activation arena and a backward beside it.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -99,6 +100,10 @@ class MixtralModel {
   // activation dtype, or, with fp8_config.enabled, may be F32 (the fp32 master: the experts then read only the
   // MXFP8 copies quantised from it).
   void bind(const Tensor& dense_w, const Tensor& expert_w, const Tensor& dense_g, const Tensor& expert_g);
+  // Called during the backward when a part's gradients are final for this micro-batch: num_hidden_layers for the
+  // head (final norm and LM head), then each layer l from the last down (its attention, norms, router, experts).
+  // The embedding's come last, when forward_backward returns. Empty: no calls.
+  void set_grads_done_hook(std::function<void(int)> hook) { grads_done_ = std::move(hook); }
 
   // One micro-batch. loss_sum[0] += summed token cross-entropy. With compute_grad, gradients of
   // ce_scale * sum(token CE) + aux_scale * coef * aux_loss are accumulated into the gradient buffers.
@@ -146,6 +151,7 @@ class MixtralModel {
   bool mx_ = false, mx_attn_ = false;  // expert GEMMs / attention projections in MXFP8
   bool recompute_ = false;         // recompute_experts
   LayerMxWeights mx_col_;          // cache_columnwise_weights=false: every layer's columnwise copies, shared
+  std::function<void(int)> grads_done_;
   mxfp8::Format mx_fwd_ = mxfp8::Format::E4M3, mx_grad_ = mxfp8::Format::E4M3;
   int64_t Cx_ = 0;                 // C rounded up to 32 with MXFP8 (the columnwise copies block tokens), else C
   std::vector<LayerMxWeights> mxw_;

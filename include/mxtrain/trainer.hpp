@@ -66,6 +66,7 @@ class Trainer {
   void refresh_working_weights();  // master -> working copy after the optimizer step
   void log_device_memory();        // peak allocated by the backend against the plan
   void load_micro_batch(int64_t index_in_step);  // next batch from the loader -> mb_; returns via n_valid_
+  void start_grad_reduce(int part);  // parallelism.overlap_grad_reduce: one part's gradient ranges (trainer.cpp)
 
   TrainConfig cfg_;
   Ops& ops_;

@@ -246,6 +246,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.parallelism.timeout_s = r.f("parallelism.timeout_s");
   c.parallelism.ep_capacity_factor = r.f("parallelism.ep_capacity_factor");
   c.parallelism.ep_overlap = r.b("parallelism.ep_overlap");
+  c.parallelism.overlap_grad_reduce = r.b("parallelism.overlap_grad_reduce");
   c.fp8.enabled = r.b("fp8_config.enabled");
   c.fp8.fp8_recipe = r.s("fp8_config.fp8_recipe");
   c.fp8.fp8_format = r.s("fp8_config.fp8_format");

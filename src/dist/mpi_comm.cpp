@@ -145,6 +145,19 @@ class MpiComm final : public Comm {
     MPI_Bcast(buf, to_int(count, "broadcast", name_), mpi_type(type), root, comm_);
   }
 
+  void reduce_spans(const std::vector<ReduceSpan>& spans, CommType type, bool) override {
+    const char* op = "reduce_spans";
+    check_summable(type, op);
+    auto g = watch(op);
+    for (const ReduceSpan& s : spans) {
+      const int n = to_int(s.count, op, name_);
+      if (rank_ == s.root)
+        MPI_Reduce(MPI_IN_PLACE, s.buf, n, mpi_type(type), MPI_SUM, s.root, comm_);
+      else
+        MPI_Reduce(s.buf, nullptr, n, mpi_type(type), MPI_SUM, s.root, comm_);
+    }
+  }
+
   void barrier() override {
     auto g = watch("barrier");
     MPI_Barrier(comm_);
@@ -196,6 +209,10 @@ class SelfComm final : public Comm {
   }
   void broadcast(void*, int64_t, CommType, int root) override {
     if (root != 0) throw std::invalid_argument(fmt::format("broadcast on the {}: root {} of 1 rank", name_, root));
+  }
+  void reduce_spans(const std::vector<ReduceSpan>& spans, CommType, bool) override {
+    for (const ReduceSpan& s : spans)
+      if (s.root != 0) throw std::invalid_argument(fmt::format("reduce_spans on the {}: root {} of 1 rank", name_, s.root));
   }
   void barrier() override {}
 

@@ -201,6 +201,16 @@ class NcclComm final : public Comm {
     });
   }
 
+  void reduce_spans(const std::vector<ReduceSpan>& spans, CommType type, bool start) override {
+    run(start ? "reduce_spans (overlapped)" : "reduce_spans", !start, [&] {
+      check(ncclGroupStart(), "ncclGroupStart");
+      for (const ReduceSpan& s : spans)
+        check(ncclReduce(s.buf, s.buf, static_cast<size_t>(s.count), nccl_type(type), ncclSum, s.root, comm_, stream_),
+              "ncclReduce");
+      check(ncclGroupEnd(), "ncclGroupEnd");
+    });
+  }
+
   void barrier() override {
     {
       auto g = guard("stream sync before barrier");

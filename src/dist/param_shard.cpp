@@ -2,7 +2,9 @@
 // the summed gradient of one contiguous shard, AdamW updates that shard with moments only that large, and the
 // updated master weights are all-gathered back. The buffer is padded to a multiple of the group size; the
 // padding's gradient is zero, so its weights stay zero.
+#include <algorithm>
 #include <stdexcept>
+#include <vector>
 
 #include "mxtrain/comm.hpp"
 
@@ -30,6 +32,21 @@ void reduce_scatter_grads(const ParamShard& s, const Tensor& grad) {
   check_buffer(s, grad, "reduce_scatter_grads");
   float* g = static_cast<float*>(grad.data);
   s.comm->reduce_scatter_sum(g, g + s.offset, s.shard, CommType::F32);
+}
+
+void start_reduce_grad_range(const ParamShard& s, const Tensor& grad, int64_t begin, int64_t end) {
+  if (!s.comm || begin >= end) return;
+  check_buffer(s, grad, "start_reduce_grad_range");
+  if (begin < 0 || end > s.padded)
+    throw std::invalid_argument("start_reduce_grad_range: [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                ") is outside the buffer of " + std::to_string(s.padded));
+  float* g = static_cast<float*>(grad.data);
+  std::vector<Comm::ReduceSpan> spans;
+  for (int r = static_cast<int>(begin / s.shard); r < s.comm->size() && r * s.shard < end; ++r) {
+    const int64_t lo = std::max(begin, r * s.shard), hi = std::min(end, (r + 1) * s.shard);
+    if (lo < hi) spans.push_back({g + lo, hi - lo, r});
+  }
+  s.comm->reduce_spans(spans, CommType::F32, true);
 }
 
 void all_gather_params(const ParamShard& s, const Tensor& master) {

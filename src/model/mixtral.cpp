@@ -251,6 +251,7 @@ double MixtralModel::forward_backward(const MicroBatch& mb, float ce_scale, floa
     ops_.lm_head_loss(ln_final_, w_.lm_head, mb.labels, ce_scale, loss_sum, s_.dtmp, g_.lm_head);
   }
   ops_.rmsnorm_backward(s_.dtmp, x_final_, w_.norm, rstd_final_, s_.dx, g_.norm);
+  if (grads_done_) grads_done_(static_cast<int>(acts_.size()));
   for (int l = static_cast<int>(acts_.size()) - 1; l >= 0; --l) {
     {
       TraceScope trace(trace_name(l, 2));
@@ -258,6 +259,7 @@ double MixtralModel::forward_backward(const MicroBatch& mb, float ce_scale, floa
     }
     TraceScope trace(trace_name(l, 3));
     attention_backward(l);
+    if (grads_done_) grads_done_(l);
   }
   ops_.embedding_backward(mb.ids, s_.dx, g_.embed);
   return aux;

@@ -139,6 +139,31 @@ void Trainer::load_micro_batch(int64_t) {
   n_valid_ = std::count_if(batch_.labels.begin(), batch_.labels.end(), [](int32_t x) { return x >= 0; });
 }
 
+// parallelism.overlap_grad_reduce: the ranges of the flat gradient buffers whose gradients the backward has just
+// finished (see MixtralModel::set_grads_done_hook), summed to their shard owners while the backward goes on.
+// part: num_hidden_layers = the head (final norm, LM head, and the dense padding), l = layer l (its dense weights;
+// its experts, and after the last layer the expert padding), -1 = the embedding. Together they cover both
+// buffers once, so the result is reduce_scatter_grads'.
+void Trainer::start_grad_reduce(int part) {
+  const int64_t L = cfg_.model.num_hidden_layers;
+  auto first = [&](const std::string& name) { return layout_.find(name).offset; };
+  auto end = [&](const std::string& name) {
+    const ParamInfo& p = layout_.find(name);
+    return p.offset + p.numel;
+  };
+  const std::string layer = "model.layers." + std::to_string(part) + ".";
+  if (part == L) {
+    start_reduce_grad_range(dense_shard_, dense_.grad, first("model.norm.weight"), dense_shard_.padded);
+  } else if (part >= 0) {
+    start_reduce_grad_range(dense_shard_, dense_.grad, first(layer + "input_layernorm.weight"),
+                            end(layer + "block_sparse_moe.gate.weight"));
+    start_reduce_grad_range(expert_shard_, expert_.grad, first(layer + "block_sparse_moe.experts.w13"),
+                            part == L - 1 ? expert_shard_.padded : end(layer + "block_sparse_moe.experts.w2"));
+  } else {
+    start_reduce_grad_range(dense_shard_, dense_.grad, 0, first("model.layers.0.input_layernorm.weight"));
+  }
+}
+
 StepResult Trainer::train_step() {
   const int64_t acc = cfg_.grad_acc_steps;
   ops_.zero(dense_.grad);
@@ -157,8 +182,11 @@ StepResult Trainer::train_step() {
     const int64_t micro = (step_ * acc + i) * world_ + rank_;
     const uint64_t jitter_seed = cfg_.seed ^ (static_cast<uint64_t>(micro) * 0x9E3779B97F4A7C15ull);
     TraceScope trace("micro_batch " + std::to_string(i));
+    const bool overlap = i == acc - 1 && cfg_.parallelism.overlap_grad_reduce;
+    if (overlap) model_->set_grads_done_hook([this](int part) { start_grad_reduce(part); });
     aux_sum += model_->forward_backward(mb_, ce_scale, 1.f / static_cast<float>(micro_total),
                                         loss_slots_.rows(i, 1), true, jitter_seed);
+    if (overlap) model_->set_grads_done_hook({});
   }
   StepResult r;
   std::vector<float> slots(acc);
@@ -172,8 +200,14 @@ StepResult Trainer::train_step() {
 
   TraceScope trace_opt("grad_reduce + optimizer");
   // Gradients: dense summed over the world, experts over their DP replicas; each rank keeps its shard.
-  reduce_scatter_grads(dense_shard_, dense_.grad);
-  reduce_scatter_grads(expert_shard_, expert_.grad);
+  if (cfg_.parallelism.overlap_grad_reduce) {
+    start_grad_reduce(-1);  // the embedding's; the rest was started during the backward
+    for (const ParamShard* s : {&dense_shard_, &expert_shard_})
+      if (s->comm) s->comm->wait_started();
+  } else {
+    reduce_scatter_grads(dense_shard_, dense_.grad);
+    reduce_scatter_grads(expert_shard_, expert_.grad);
+  }
   const Tensor dense_g = dense_.grad.rows(dense_shard_.offset, dense_shard_.shard);
   const Tensor expert_g = expert_.grad.rows(expert_shard_.offset, expert_shard_.shard);
   // The shards are disjoint and together cover every dense element once and every expert once.

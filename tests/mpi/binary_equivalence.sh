@@ -15,7 +15,8 @@ STEPS=6
   output_dir="$TMP/one" checkpoint.ckpt_dir="$TMP/one_ckpt" checkpoint.save_final_model=true \
   checkpoint.save_every_n_steps=0 >"$TMP/one.log" 2>&1 || { cat "$TMP/one.log"; fail "one rank failed"; }
 # eprc: EP=2 with the experts' activations recomputed in the backward (same losses).
-for layout in "ep 1 2" "dp 2 1" "eprc 1 2 recompute_experts=true"; do
+# dpov: DP=2 with each layer's gradients reduced during the last backward (parallelism.overlap_grad_reduce).
+for layout in "ep 1 2" "dp 2 1" "eprc 1 2 recompute_experts=true" "dpov 2 1 parallelism.overlap_grad_reduce=true"; do
   read -r name dp ep extra <<<"$layout"
   # shellcheck disable=SC2086  # $extra: zero or one override
   timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" --config-name L0_sanity "${TINY[@]}" parallelism.dp_size="$dp" \
