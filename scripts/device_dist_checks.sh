@@ -20,6 +20,8 @@
 #   epover    8x1B (seq 4096, mbs 1, acc 8, 6 steps), stage timing on (MXTRAIN_STAGE_TIMING=1): 1 GPU, then EP=2 on 2
 #             GPUs with the backward combine overlapped (parallelism.ep_overlap), overlapped with 16 SMs left to
 #             NCCL (MXTRAIN_OVERLAP_SMS=16), and not overlapped: tokens/s per GPU and where each rank's GPU time goes
+#   dpov      8x1B (seq 4096, mbs 1, acc 8, 6 steps), DP=2 on 2 GPUs, gradients reduced after the backward vs during
+#             it (parallelism.overlap_grad_reduce): losses side by side, tokens/s, stage and NCCL timing
 #   ov8x7b    8x7B layer shapes, 2 layers, EP=2, MXFP8, 4 steps of acc 8: the backward overlap on (0 and 16 SMs left
 #             to NCCL) and off: tokens/s and the overlapped exchange's time
 #   ep8x7b    8x7B layer shapes, 8 layers (6 if 8 do not fit), EP=2 on 2 GPUs, MXFP8 then bf16: memory plan vs
@@ -209,6 +211,18 @@ PY
     grep -h "peak allocated" "$OUT/sp_bf16.log" "$OUT/sp_mx.log" | sed 's/^.*\] //' | tee -a "$OUT/sp.txt"
     tail -5 "$OUT/sp_hf.log" | tee -a "$OUT/sp.txt"
     add "8x1B speed bf16/MXFP8/HF" "$(head -2 "$OUT/sp.txt" | tr '\n' ' ' | cut -c1-300)"
+    ;;
+  dpov)
+    B8="--config-name bench_8x1B backend=cuda num_train_steps=6 grad_acc_steps=8 lr_scheduler_kwargs.num_decay_steps=5"
+    for v in false true; do
+      MXTRAIN_STAGE_TIMING=1 MXTRAIN_COMM_TIMING=1 timeout 300 "${MPIRUN[@]}" -x MXTRAIN_STAGE_TIMING -np 2 "$MX" $B8 \
+        parallelism.dp_size=2 parallelism.ep_size=1 parallelism.overlap_grad_reduce=$v output_dir="$OUT/dpov_$v" \
+        >"$OUT/dpov_$v.log" 2>&1
+      add "8x1B DP=2 overlap_grad_reduce=$v" "rc=$?"
+      grep -h "grad_reduce + optimizer\|reduce_s\|all_gather" "$OUT/dpov_$v.log" | sed 's/^.*\] //' | head -6
+    done
+    metrics after="$OUT/dpov_false/metrics.jsonl" during="$OUT/dpov_true/metrics.jsonl" | tee "$OUT/dpov.txt"
+    add "8x1B DP=2 grad reduce after/during" "$(grep -h 'median tok/s\|max rel' "$OUT/dpov.txt" | sed 's/steps 6, loss.*median//' | tr '\n' ' ')"
     ;;
   ov8x7b)
     for v in on:0 on:16 off:0; do
