@@ -43,6 +43,7 @@
 #include "sm90_grouped_gemm.cuh"
 #include "sm90_host.cuh"
 #include "sm90_ptx.cuh"
+#include "sm90_sched.cuh"
 #include "sm90_wgmma.cuh"
 
 namespace mxt::sm90 {
@@ -103,7 +104,6 @@ __device__ __forceinline__ void st_bf16x2(bf16* p, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
-__device__ __forceinline__ int32_t clamp_row(int32_t v, int32_t R) { return v < 0 ? 0 : (v > R ? R : v); }
 
 // One work item, decoded identically by producer and consumers.
 struct Item {
@@ -334,11 +334,8 @@ __device__ __forceinline__ void consume(const Sched& sc, const Params& p, uint8_
 // over the producer warpgroup's idle warps of every CTA.
 __device__ __forceinline__ void zero_padding(const Params& p, int32_t used, int t, int nthreads) {
   const int64_t vec_per_row = p.N / 8;
-  const int64_t n = static_cast<int64_t>(p.R - used) * vec_per_row;
-  uint4* base = reinterpret_cast<uint4*>(static_cast<bf16*>(p.out) + static_cast<int64_t>(used) * p.N);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * nthreads;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * nthreads + t; i < n; i += stride)
-    base[i] = make_uint4(0u, 0u, 0u, 0u);
+  zero_words16(reinterpret_cast<uint4*>(static_cast<bf16*>(p.out) + static_cast<int64_t>(used) * p.N),
+               static_cast<int64_t>(p.R - used) * vec_per_row, t, nthreads);
 }
 
 template <Mode kMode, int BN, int kCl>
@@ -360,8 +357,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Work items per expert from the device offsets (clamped into [0, R], non-decreasing: a bad table cannot
   // cause out-of-bounds accesses).
   for (int e = tid; e < p.E; e += kThreads) {
-    const int32_t lo = clamp_row(p.offsets[e], p.R);
-    int32_t hi = clamp_row(p.offsets[e + 1], p.R);
+    const int32_t lo = clamp_to(p.offsets[e], p.R);
+    int32_t hi = clamp_to(p.offsets[e + 1], p.R);
     if (hi < lo) hi = lo;
     const int32_t mt = (hi - lo + BM - 1) / BM;
     sc.lo[e] = lo;
@@ -377,21 +374,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_barrier_init();
   }
   __syncthreads();
-  if (warp == 0) {  // exclusive prefix over experts, 32 at a time
-    int carry = 0;
-    for (int base = 0; base < p.E; base += 32) {
-      const int e = base + lane;
-      int v = e < p.E ? sc.cum[e + 1] : 0;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int u = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += u;
-      }
-      if (e < p.E) sc.cum[e + 1] = carry + v;
-      carry += __shfl_sync(0xffffffffu, v, 31);
-    }
-    if (lane == 0) sc.cum[0] = 0;
-  }
+  if (warp == 0) warp_prefix_over_experts(sc.cum, p.E, lane);
   __syncthreads();
   // Units: clusters walk the work items; both CTAs of a cluster take the same item.
   const int rank = kCl > 1 ? static_cast<int>(cluster_ctarank()) : 0;
@@ -403,7 +386,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp == 0) {
       if (lane == 0) produce<kMode, BN, kCl>(&tmA, &tmB, sc, p, smem, full, empty, rank, unit0, units_stride);
     } else if constexpr (kMode != Mode::kWgrad) {
-      zero_padding(p, clamp_row(p.offsets[p.E], p.R), tid - 32, 96);
+      zero_padding(p, clamp_to(p.offsets[p.E], p.R), tid - 32, 96);
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();

@@ -53,17 +53,21 @@
 #include "sm90_fp8_wgmma.cuh"
 #include "sm90_host.cuh"
 #include "sm90_ptx.cuh"
+#include "sm90_sched.cuh"
 
 namespace mxt::mxfp8 {
 
 namespace {
 
+using sm90::clamp_to;
 using sm90::fence_operand;
 using sm90::mbar_arrive;
 using sm90::mbar_arrive_expect_tx;
 using sm90::mbar_wait;
 using sm90::smem_desc;
 using sm90::smem_u32;
+using sm90::warp_prefix_over_experts;
+using sm90::zero_words16;
 
 enum class Mode : int { kRows = 0, kWgrad = 1 };
 
@@ -447,14 +451,9 @@ __device__ __forceinline__ void consume(const Sched& sc, const Params& p, uint8_
 // Zeroes rows [used, M) of C [M, N] with 16-byte stores (N x sizeof(TC) a multiple of 16, C 16-byte aligned).
 template <typename TC>
 __device__ __forceinline__ void zero_padding(const Params& p, int32_t used, int t, int nthreads) {
-  const int64_t n = static_cast<int64_t>(p.M - used) * p.N * static_cast<int64_t>(sizeof(TC)) / 16;
-  uint4* base = reinterpret_cast<uint4*>(static_cast<TC*>(p.out) + static_cast<int64_t>(used) * p.N);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * nthreads;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * nthreads + t; i < n; i += stride)
-    base[i] = make_uint4(0u, 0u, 0u, 0u);
+  zero_words16(reinterpret_cast<uint4*>(static_cast<TC*>(p.out) + static_cast<int64_t>(used) * p.N),
+               static_cast<int64_t>(p.M - used) * p.N * static_cast<int64_t>(sizeof(TC)) / 16, t, nthreads);
 }
-
-__device__ __forceinline__ int32_t clamp_to(int32_t v, int32_t hi) { return v < 0 ? 0 : (v > hi ? hi : v); }
 
 template <Mode kMode, int kFa, int kFb, int kVar, typename TC>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -492,21 +491,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::fence_barrier_init();
   }
   __syncthreads();
-  if (warp == 0) {  // exclusive prefix over experts, 32 at a time
-    int carry = 0;
-    for (int base = 0; base < p.E; base += 32) {
-      const int e = base + lane;
-      int v = e < p.E ? sc.cum[e + 1] : 0;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int u = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += u;
-      }
-      if (e < p.E) sc.cum[e + 1] = carry + v;
-      carry += __shfl_sync(0xffffffffu, v, 31);
-    }
-    if (lane == 0) sc.cum[0] = 0;
-  }
+  if (warp == 0) warp_prefix_over_experts(sc.cum, p.E, lane);
   __syncthreads();
 
   if (warp < 4) {  // producer warpgroup
@@ -630,6 +615,23 @@ void set_gemm_variant(int v) {
 const char* last_gemm_impl() { return g_last; }
 void note_gemm_impl(const char* impl) { g_last = impl; }
 
+// What both modes' kernels read: operands, scales, output and the problem's extents.
+static Params base_params(const MxView& A, const MxView& B, const Tensor& offsets, const Tensor& C, int64_t E,
+                          int64_t M, int64_t N, int64_t K, int64_t n_tiles) {
+  Params p{};
+  p.offsets = static_cast<const int32_t*>(offsets.data);
+  p.sa = A.scales;
+  p.sb = B.scales;
+  p.out = C.data;
+  p.E = static_cast<int32_t>(E);
+  p.M = static_cast<int32_t>(M);
+  p.N = static_cast<int32_t>(N);
+  p.K = static_cast<int32_t>(K);
+  p.kbt = static_cast<int32_t>(K / kBlock);
+  p.n_tiles = static_cast<int32_t>(n_tiles);
+  return p;
+}
+
 bool grouped_gemm_sm90(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets, const Tensor& C) {
   const char* op = "mxfp8::grouped_gemm_cuda";
   const int64_t M = A.op_rows(), N = B.op_rows(), K = A.op_k(), E = B.batch;
@@ -643,17 +645,7 @@ bool grouped_gemm_sm90(CudaOps& ops, const MxView& A, const MxView& B, const Ten
   const cuuint64_t b_strides[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(K * N)};
   CUtensorMap ma, mb;
   if (!make_map(ma, op, A.data, 2, a_dims, a_strides) || !make_map(mb, op, B.data, 3, b_dims, b_strides)) return false;
-  Params p{};
-  p.offsets = static_cast<const int32_t*>(offsets.data);
-  p.sa = A.scales;
-  p.sb = B.scales;
-  p.out = C.data;
-  p.E = static_cast<int32_t>(E);
-  p.M = static_cast<int32_t>(M);
-  p.N = static_cast<int32_t>(N);
-  p.K = static_cast<int32_t>(K);
-  p.kbt = static_cast<int32_t>(K / kBlock);
-  p.n_tiles = static_cast<int32_t>(n_tiles);
+  Params p = base_params(A, B, offsets, C, E, M, N, K, n_tiles);
   CudaContext& ctx = ops.ctx();
   if (C.dtype == DType::BF16)
     launch_formats<Mode::kRows, cuda::bf16>(op, A.format, B.format, ma, mb, p, max_items, ctx);
@@ -676,17 +668,7 @@ bool grouped_gemm_wgrad_sm90(CudaOps& ops, const MxView& A, const MxView& B, con
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K)};
   CUtensorMap ma, mb;
   if (!make_map(ma, op, A.data, 2, a_dims, strides) || !make_map(mb, op, B.data, 2, b_dims, strides)) return false;
-  Params p{};
-  p.offsets = static_cast<const int32_t*>(offsets.data);
-  p.sa = A.scales;
-  p.sb = B.scales;
-  p.out = C.data;
-  p.E = static_cast<int32_t>(E);
-  p.M = static_cast<int32_t>(M);
-  p.N = static_cast<int32_t>(N);
-  p.K = static_cast<int32_t>(K);
-  p.kbt = static_cast<int32_t>(K / kBlock);
-  p.n_tiles = static_cast<int32_t>(n_tiles);
+  Params p = base_params(A, B, offsets, C, E, M, N, K, n_tiles);
   p.m_tiles = static_cast<int32_t>(m_tiles);
   p.m_fast = M <= N ? 1 : 0;  // the CTAs in flight share the larger operand's tiles in L2
   p.prefetch = aligned(C.data, 16) ? 1 : 0;

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "config/config_internal.hpp"
+#include "config_error.hpp"
 #include "mxtrain/config.hpp"
 
 #ifndef MXTRAIN_SOURCE_DIR
@@ -36,16 +37,6 @@ TrainConfig typed(const std::string& name, const std::vector<std::string>& overr
   return to_train_config(resolve(name, overrides, dir));
 }
 
-// The ConfigError message `f` throws, or a marker that it threw none.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "<no ConfigError thrown>";
-}
 
 // A fresh directory of config files, removed afterwards.
 class TempDir {

@@ -4,6 +4,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "config_error.hpp"
 #include "mxtrain/config.hpp"
 #include "mxtrain/mxfp8.hpp"
 
@@ -20,15 +21,6 @@ TrainConfig typed(const std::vector<std::string>& overrides) {
   return to_train_config(resolve_config(LoadOptions{"L0_sanity", MXTRAIN_SOURCE_DIR "/configs", overrides}));
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "<no ConfigError thrown>";
-}
 
 TEST(ConfigFp8, DefaultsAreOffAndAttentionInFp8WhenOn) {
   const TrainConfig c = typed({});

@@ -124,6 +124,7 @@ class MixtralModel {
   void attention_backward(int l);  // scratch.dx: in = grad wrt x_mid, out = grad wrt x_in
   void moe_forward(int l, bool training, uint64_t jitter_seed);
   void moe_backward(int l);        // scratch.dx: in = grad wrt layer output, out = grad wrt x_mid
+  void experts_up(int l, int64_t n, const Tensor& off);  // bf16: h13 and act of layer l's n expert rows
   // Expert parallelism (moe_dispatch.cpp): rows to / from the ranks that own the experts.
   int64_t moe_dispatch(int l);     // xp, wp -> xe, we; returns the rows received
   void moe_combine(int l, const Tensor& ye);            // expert outputs (n rows) -> s_.yp

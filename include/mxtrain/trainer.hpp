@@ -2,6 +2,7 @@
 // The training loop: micro-batches with gradient accumulation, global-norm clipping, AdamW, the LR schedule,
 // logging. One code path for every backend.
 #include <cstdint>
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +68,7 @@ class Trainer {
   void log_device_memory();        // peak allocated by the backend against the plan
   void load_micro_batch(int64_t index_in_step);  // next batch from the loader -> mb_; returns via n_valid_
   void start_grad_reduce(int part);  // parallelism.overlap_grad_reduce: one part's gradient ranges (trainer.cpp)
+  std::vector<std::array<int64_t, 4>> grad_parts_;  // start_grad_reduce's ranges, built on first use
 
   TrainConfig cfg_;
   Ops& ops_;

@@ -13,6 +13,13 @@
 
 namespace mxt {
 
+// bf16 experts' first half: h13 = xe W13, act = SwiGLU(h13) x routing weight (the forward, and its recompute).
+void MixtralModel::experts_up(int l, int64_t n, const Tensor& off) {
+  const LayerActs& a = acts_[l];
+  ops_.grouped_gemm(a.xe.rows(0, n), w_.layers[l].w13, off, a.h13.rows(0, n));
+  ops_.swiglu_forward(a.h13.rows(0, n), a.we.rows(0, n), a.act.rows(0, n));
+}
+
 void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   LayerActs& a = acts_[l];
   const LayerTensors& w = w_.layers[l];
@@ -48,8 +55,7 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   if (n > 0 && mx_) {
     mx_experts_forward(ops_, mx_run(l, n, off), mxw_[l].experts, a.xe, a.we.rows(0, n), a.h13, a.act, ye);
   } else if (n > 0) {
-    ops_.grouped_gemm(a.xe.rows(0, n), w.w13, off, a.h13.rows(0, n));
-    ops_.swiglu_forward(a.h13.rows(0, n), a.we.rows(0, n), a.act.rows(0, n));
+    experts_up(l, n, off);
     ops_.grouped_gemm(a.act.rows(0, n), w.w2, off, ye);
   }
   trace_experts.reset();
@@ -86,8 +92,7 @@ void MixtralModel::moe_backward(int l) {
     if (mx_) {
       mx_experts_recompute(ops_, mx_run(l, n, off), mxw_[l].experts, a.we.rows(0, n), a.h13, a.act);
     } else {
-      ops_.grouped_gemm(a.xe.rows(0, n), w.w13, off, a.h13.rows(0, n));
-      ops_.swiglu_forward(a.h13.rows(0, n), a.we.rows(0, n), a.act.rows(0, n));
+      experts_up(l, n, off);
     }
   }
   if (n > 0 && mx_) {

@@ -18,6 +18,15 @@ void quantize_both(Ops& ops, const Tensor& x, int64_t n, int64_t cols, mxfp8::Fo
   xr.rows = n;
 }
 
+// h13 = x W13 from x's rowwise copy xr, act = SwiGLU(h13) x wp, and act's copies: the forward's first half,
+// which mx_experts_recompute repeats bit for bit.
+void up_projection(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const mxfp8::MxView& xr,
+                   const Tensor& wp, const Tensor& h13, const Tensor& act, mxfp8::MxView& ar, mxfp8::MxView& ac) {
+  ops.mx_grouped_gemm(xr, w.w13.rowwise(), r.offsets, h13.rows(0, r.n));
+  ops.swiglu_forward(h13.rows(0, r.n), wp, act.rows(0, r.n));
+  quantize_both(ops, act, r.n, r.f, r.fwd, r.row, r.act_col, ar, ac);
+}
+
 }  // namespace
 
 void mx_experts_forward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const Tensor& x,
@@ -26,9 +35,7 @@ void mx_experts_forward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w
   if (n == 0) return;
   mxfp8::MxView xr, xc, ar, ac;
   quantize_both(ops, x, n, r.d, r.fwd, r.x_row.data.numel() > 0 ? r.x_row : r.row, r.x_col, xr, xc);
-  ops.mx_grouped_gemm(xr, w.w13.rowwise(), r.offsets, h13.rows(0, n));
-  ops.swiglu_forward(h13.rows(0, n), wp, act.rows(0, n));
-  quantize_both(ops, act, n, r.f, r.fwd, r.row, r.act_col, ar, ac);
+  up_projection(ops, r, w, xr, wp, h13, act, ar, ac);
   ops.mx_grouped_gemm(ar, w.w2.rowwise(), r.offsets, y.rows(0, n));
 }
 
@@ -38,9 +45,7 @@ void mx_experts_recompute(Ops& ops, const MxExpertRun& r, const MxExpertWeights&
   if (n == 0) return;
   mxfp8::MxView xr = r.x_row.view(1, mx_pad_rows(n), r.d, r.fwd, Direction::Rowwise), ar, ac;
   xr.rows = n;
-  ops.mx_grouped_gemm(xr, w.w13.rowwise(), r.offsets, h13.rows(0, n));
-  ops.swiglu_forward(h13.rows(0, n), wp, act.rows(0, n));
-  quantize_both(ops, act, n, r.f, r.fwd, r.row, r.act_col, ar, ac);
+  up_projection(ops, r, w, xr, wp, h13, act, ar, ac);
 }
 
 void mx_experts_backward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const Tensor& dy,

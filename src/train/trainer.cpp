@@ -146,22 +146,24 @@ void Trainer::load_micro_batch(int64_t) {
 // buffers once, so the result is reduce_scatter_grads'.
 void Trainer::start_grad_reduce(int part) {
   const int64_t L = cfg_.model.num_hidden_layers;
-  auto first = [&](const std::string& name) { return layout_.find(name).offset; };
-  auto end = [&](const std::string& name) {
-    const ParamInfo& p = layout_.find(name);
-    return p.offset + p.numel;
-  };
-  const std::string layer = "model.layers." + std::to_string(part) + ".";
-  if (part == L) {
-    start_reduce_grad_range(dense_shard_, dense_.grad, first("model.norm.weight"), dense_shard_.padded);
-  } else if (part >= 0) {
-    start_reduce_grad_range(dense_shard_, dense_.grad, first(layer + "input_layernorm.weight"),
-                            end(layer + "block_sparse_moe.gate.weight"));
-    start_reduce_grad_range(expert_shard_, expert_.grad, first(layer + "block_sparse_moe.experts.w13"),
-                            part == L - 1 ? expert_shard_.padded : end(layer + "block_sparse_moe.experts.w2"));
-  } else {
-    start_reduce_grad_range(dense_shard_, dense_.grad, 0, first("model.layers.0.input_layernorm.weight"));
+  if (grad_parts_.empty()) {  // once: [dense begin, end, expert begin, end) per part, indexed part + 1
+    auto first = [&](const std::string& name) { return layout_.find(name).offset; };
+    auto end = [&](const std::string& name) {
+      const ParamInfo& p = layout_.find(name);
+      return p.offset + p.numel;
+    };
+    grad_parts_.push_back({0, first("model.layers.0.input_layernorm.weight"), 0, 0});
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string layer = "model.layers." + std::to_string(l) + ".";
+      grad_parts_.push_back({first(layer + "input_layernorm.weight"), end(layer + "block_sparse_moe.gate.weight"),
+                             first(layer + "block_sparse_moe.experts.w13"),
+                             l == L - 1 ? expert_shard_.padded : end(layer + "block_sparse_moe.experts.w2")});
+    }
+    grad_parts_.push_back({first("model.norm.weight"), dense_shard_.padded, 0, 0});
   }
+  const std::array<int64_t, 4>& r = grad_parts_.at(static_cast<size_t>(part + 1));
+  start_reduce_grad_range(dense_shard_, dense_.grad, r[0], r[1]);
+  start_reduce_grad_range(expert_shard_, expert_.grad, r[2], r[3]);
 }
 
 StepResult Trainer::train_step() {

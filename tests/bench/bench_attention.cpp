@@ -25,32 +25,20 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
 #include "mxtrain/device_info.hpp"
 
 namespace {
 
+using namespace mxt::bench;
 using mxt::AttnShape;
 using mxt::DType;
 using mxt::Device;
 using mxt::Tensor;
 
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
-struct Buf {
-  mxt::Ops* ops = nullptr;
-  Tensor t;
-  Buf(mxt::Ops& o, DType d, std::initializer_list<int64_t> dims) : ops(&o) {
-    t = Tensor(nullptr, d, dims, Device::CUDA);
-    t.data = o.alloc(t.bytes());
-  }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  ~Buf() { ops->release(t.data); }
-};
 
 // Uniform random bf16 in [-scale, scale) (splitmix64 on the host, uploaded).
 void fill_random(mxt::Ops& ops, const Tensor& t, uint64_t seed, float scale) {
@@ -64,9 +52,7 @@ void fill_random(mxt::Ops& ops, const Tensor& t, uint64_t seed, float scale) {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
     const float u = (static_cast<float>(z >> 40) / 16777216.f * 2.f - 1.f) * scale;
-    uint32_t b;
-    std::memcpy(&b, &u, 4);
-    h[static_cast<size_t>(i)] = static_cast<uint16_t>((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+    h[static_cast<size_t>(i)] = bf16_bits(u);
   }
   ops.upload(t.data, h.data(), h.size() * 2);
 }

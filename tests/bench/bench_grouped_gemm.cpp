@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
 #include "mxtrain/device_info.hpp"
@@ -33,26 +34,12 @@
 
 namespace {
 
+using namespace mxt::bench;
 using mxt::DType;
 using mxt::Device;
 using mxt::Tensor;
 
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
-// A device buffer owned by the bench.
-struct Buf {
-  mxt::Ops* ops = nullptr;
-  Tensor t;
-  Buf(mxt::Ops& o, DType d, std::initializer_list<int64_t> dims) : ops(&o) {
-    t = Tensor(nullptr, d, dims, Device::CUDA);
-    t.data = o.alloc(t.bytes());
-  }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  ~Buf() { ops->release(t.data); }
-};
 
 // Uniform random bf16 in [-scale, scale), generated in chunks on the host (splitmix64) and uploaded.
 void fill_random(mxt::Ops& ops, const Tensor& t, uint64_t seed, float scale) {
@@ -70,42 +57,13 @@ void fill_random(mxt::Ops& ops, const Tensor& t, uint64_t seed, float scale) {
       z ^= z >> 31;
       for (int j = 0; j < 4 && i + j < m; ++j) {
         const float u = (static_cast<float>((z >> (16 * j)) & 0xFFFF) / 65536.f * 2.f - 1.f) * scale;
-        uint32_t b;
-        std::memcpy(&b, &u, 4);
-        h[i + j] = static_cast<uint16_t>((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+        h[i + j] = bf16_bits(u);
       }
     }
     ops.upload(static_cast<uint16_t*>(t.data) + off, h.data(), static_cast<size_t>(m) * 2);
   }
 }
 
-struct Timing {
-  double median_ms = 0, min_ms = 0;
-};
-
-// Median / min over `runs` timed calls of fn, each after an L2-evicting memset; `warmup` untimed calls first.
-Timing time_it(cudaStream_t st, void* flush, size_t flush_bytes, int warmup, int runs,
-               const std::function<void()>& fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<cudaEvent_t> ev(2 * runs);
-  for (auto& e : ev) ck(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < runs; ++i) {
-    ck(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, st), "flush");
-    ck(cudaEventRecord(ev[2 * i], st), "event");
-    fn();
-    ck(cudaEventRecord(ev[2 * i + 1], st), "event");
-  }
-  ck(cudaStreamSynchronize(st), "sync");
-  std::vector<double> ms(runs);
-  for (int i = 0; i < runs; ++i) {
-    float m = 0;
-    ck(cudaEventElapsedTime(&m, ev[2 * i], ev[2 * i + 1]), "elapsed");
-    ms[i] = m;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  return {ms[runs / 2], ms[0]};
-}
 
 struct Shape {
   const char* name;

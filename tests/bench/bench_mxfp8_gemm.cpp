@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
 #include "mxfp8_cuda.hpp"
@@ -40,27 +41,14 @@
 
 namespace {
 
+using namespace mxt::bench;
 using mxt::DType;
 using mxt::Device;
 using mxt::Tensor;
 namespace mx = mxt::mxfp8;
 
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
 bool lt_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
 
-struct Buf {
-  mxt::Ops* ops = nullptr;
-  Tensor t;
-  Buf(mxt::Ops& o, DType d, std::initializer_list<int64_t> dims) : ops(&o) {
-    t = Tensor(nullptr, d, dims, Device::CUDA);
-    t.data = o.alloc(t.bytes());
-  }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  ~Buf() { ops->release(t.data); }
-};
 
 // An MXFP8 copy on the device.
 struct Mx {
@@ -101,9 +89,7 @@ void fill_random(mxt::Ops& ops, const Tensor& t, uint64_t seed, float scale) {
     const float u1 = static_cast<float>(z & 0xFFFF) / 65536.f, u2 = static_cast<float>((z >> 16) & 0xFFFF) / 65536.f;
     float v = (u1 + u2 - 1.f) * 1.7f * pow2[(z >> 32) % 6] * scale;
     if (v == 0.f) v = scale;
-    uint32_t b;
-    std::memcpy(&b, &v, 4);
-    h[i] = static_cast<uint16_t>((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+    h[i] = bf16_bits(v);
   }
   for (int64_t off = 0; off < n; off += chunk) {
     const int64_t m = std::min(chunk, n - off);
@@ -111,33 +97,6 @@ void fill_random(mxt::Ops& ops, const Tensor& t, uint64_t seed, float scale) {
   }
 }
 
-struct Timing {
-  double median_ms = 0, min_ms = 0;
-};
-
-Timing time_it(cudaStream_t st, void* flush, size_t flush_bytes, int warmup, int runs,
-               const std::function<void()>& fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<cudaEvent_t> ev(2 * runs);
-  for (auto& e : ev) ck(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < runs; ++i) {
-    ck(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, st), "flush");
-    ck(cudaEventRecord(ev[2 * i], st), "event");
-    fn();
-    ck(cudaEventRecord(ev[2 * i + 1], st), "event");
-  }
-  ck(cudaStreamSynchronize(st), "sync");
-  ck(cudaGetLastError(), "kernels");
-  std::vector<double> ms(runs);
-  for (int i = 0; i < runs; ++i) {
-    float m = 0;
-    ck(cudaEventElapsedTime(&m, ev[2 * i], ev[2 * i + 1]), "elapsed");
-    ms[i] = m;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  return {ms[runs / 2], ms[0]};
-}
 
 // ||a - b|| / ||b|| on the device; clobbers a.
 double rel_l2_device(mxt::CudaOps& ops, const Tensor& a, const Tensor& b, const Tensor& acc2) {

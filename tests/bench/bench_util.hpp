@@ -1,0 +1,72 @@
+#pragma once
+// What the kernel benchmarks share: CUDA error checks, device buffers owned by the bench, bf16 rounding of host
+// values, and event timing with an L2-evicting memset before each timed call.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mxtrain/ops.hpp"
+
+namespace mxt::bench {
+
+inline void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// A device buffer owned by the bench.
+struct Buf {
+  Ops* ops = nullptr;
+  Tensor t;
+  Buf(Ops& o, DType d, std::initializer_list<int64_t> dims) : ops(&o) {
+    t = Tensor(nullptr, d, dims, Device::CUDA);
+    t.data = o.alloc(t.bytes());
+  }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  ~Buf() { ops->release(t.data); }
+};
+
+// The bf16 bits of v, rounded to nearest even.
+inline uint16_t bf16_bits(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return static_cast<uint16_t>((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+}
+
+struct Timing {
+  double median_ms = 0, min_ms = 0;
+};
+
+// Median / min over `runs` timed calls of fn, each after an L2-evicting memset; `warmup` untimed calls first.
+inline Timing time_it(cudaStream_t st, void* flush, size_t flush_bytes, int warmup, int runs,
+                      const std::function<void()>& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<cudaEvent_t> ev(2 * runs);
+  for (auto& e : ev) ck(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < runs; ++i) {
+    ck(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, st), "flush");
+    ck(cudaEventRecord(ev[2 * i], st), "event");
+    fn();
+    ck(cudaEventRecord(ev[2 * i + 1], st), "event");
+  }
+  ck(cudaStreamSynchronize(st), "sync");
+  ck(cudaGetLastError(), "kernels");
+  std::vector<double> ms(runs);
+  for (int i = 0; i < runs; ++i) {
+    float m = 0;
+    ck(cudaEventElapsedTime(&m, ev[2 * i], ev[2 * i + 1]), "elapsed");
+    ms[i] = m;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  return {ms[runs / 2], ms[0]};
+}
+
+}  // namespace mxt::bench

@@ -1,0 +1,20 @@
+#pragma once
+// The message of the ConfigError a call throws, for tests that check what an error names.
+#include <string>
+
+#include "mxtrain/config.hpp"
+
+namespace mxt {
+
+// The ConfigError message `f` throws, or a marker that it threw none.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "<no ConfigError thrown>";
+}
+
+}  // namespace mxt
