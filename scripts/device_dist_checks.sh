@@ -12,6 +12,9 @@
 #   ckpt8x1b  8x1B on 1 GPU: async save at step 2, then resume from it: save, stall and load times
 #   profile8x1b  8x1B on 1 GPU, one micro-batch and one optimizer step under ncu (kernel durations only): GPU
 #             time per kernel family, the top of the list printed
+#   cuda      every CUDA test (bf16 and MXFP8 kernels, GPU training) against its CPU twin
+#   parity    scripts/parity_hf.py, CUDA backend, against HF transformers in fp32
+#   study     scripts/router_precision_study.py: which bf16 roundings move the router-gate gradients
 #   mxgpu     the MXFP8 CUDA tests (quantisers, GEMMs, expert MLP, dense linear, a short fp8 training run) vs CPU twins
 #   conv      convergence, bf16 (GPU 0) beside MXFP8 (GPU 1) on the same data: L0_sanity 300 steps, then 8x1B
 #             (seq 4096, mbs 1, acc 1, lr 3e-4) 300 steps
@@ -166,6 +169,23 @@ print(f"total GPU kernel time {s:.1f} ms over {sum(cnt.values())} kernels")
 for k, v in sorted(tot.items(), key=lambda x: -x[1])[:25]:
     print(f"{v:9.2f} ms {100 * v / s:5.1f}%  x{cnt[k]:<5d} {k[:90]}")
 PY
+    ;;
+  cuda)
+    CUDA_VISIBLE_DEVICES=0 timeout 300 "$BIN_DIR/mxtrain_tests" --gtest_filter='*Cuda*:*Gpu*:*Mxfp8*:-Binary.*' \
+      >"$OUT/cuda_tests.log" 2>&1
+    add "all CUDA tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/cuda_tests.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]|Failure|Expected|Which is|actual' "$OUT/cuda_tests.log" | head -30
+    ;;
+  parity)
+    CUDA_VISIBLE_DEVICES=0 timeout 300 python3 scripts/parity_hf.py --mxtrain "$MX" --backend cuda \
+      --out /tmp/parity_cuda >"$OUT/parity_cuda.log" 2>&1
+    add "HF parity, CUDA backend" "rc=$? ($(grep -c '"passed": true' "$OUT/parity_cuda.log") pass, $(grep -c '"passed": false' "$OUT/parity_cuda.log") fail)"
+    grep '^|' "$OUT/parity_cuda.log"
+    ;;
+  study)
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 scripts/router_precision_study.py >"$OUT/router_study.log" 2>&1
+    add "router precision study" "rc=$?"
+    tail -20 "$OUT/router_study.log"
     ;;
   mxgpu)
     CUDA_VISIBLE_DEVICES=0 timeout 300 "$BIN_DIR/mxtrain_tests" \
