@@ -3,7 +3,7 @@
 //   forward  y[r,:]  = x[r,:] @ W[e]^T     A = x  [R,K] K-major,   B = W[e] [N,K] K-major   -> y  bf16
 //   dgrad    dx[r,:] = dy[r,:] @ W[e]      A = dy [R,K] K-major,   B = W[e] [K,N] N-major   -> dx bf16
 //   wgrad    dW[e]  += dy_e^T @ x_e        A = dy_e^T: [M=out, k=rows] M-major, B = x_e [k, N] N-major
-//                                          -> dW f32, read-add-write (deterministic: one CTA per output tile)
+//                                          -> dW f32 += (deterministic: one CTA per output tile)
 // (contract and offsets semantics: ops.hpp; the wmma kernels in grouped_gemm.cu are the fallback and reference.)
 //
 // CTA: 3 warpgroups. Warpgroup 0 is the producer: one thread issues the TMA loads of each k-block (BK = 64)
@@ -28,6 +28,11 @@
 // belong to the next expert, or are zero-filled past R); each output row depends only on its own input row,
 // and the epilogue stores only the expert's rows. Wgrad contracts over rows, so the rows of the last k-block
 // past the expert's end are zeroed in shared memory (A and B) before its wgmmas: one k-block per tile.
+//
+// Wgrad epilogue: dW += acc is done by the TMA unit (cp.reduce.async.bulk.tensor .add.f32) from 64 x 16 fp32
+// boxes that each consumer warpgroup writes into a small ring of shared buffers, so the read-add-write of the
+// fp32 tile runs in L2 while the consumers start the next item's mainloop (short contractions, e.g. 1,024 rows
+// per expert, made the synchronous read-add-write a third of the kernel's time).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -62,6 +67,9 @@ constexpr int kConsumerThreads = 256;
 constexpr int kMaxExperts = 256;
 constexpr int kPrefetchLead = 8;         // wgrad: k-blocks before an item's end at which its dW tile is prefetched
 constexpr uint32_t kProducerRegs = 56, kConsumerRegs = 224;  // 128 x 56 + 256 x 224 = 168 x 384
+constexpr int kEpiCols = 16;             // wgrad epilogue box: 64 rows x 16 fp32 (64-byte rows, 64-byte swizzle)
+constexpr int kEpiBox = 64 * kEpiCols * 4;
+constexpr int kEpiBufs = 3;              // boxes in flight per consumer warpgroup
 
 template <int BN>
 struct Cfg {
@@ -70,7 +78,8 @@ struct Cfg {
   static constexpr int kStageB = BN * BK * 2;
   static constexpr int kStages = BN == 256 ? 4 : 6;  // 192 KiB of operand ring either way
   static constexpr int kOffB = kStages * kStageA;
-  static constexpr int kOffBar = kOffB + kStages * kStageB;
+  static constexpr int kOffEpi = kOffB + kStages * kStageB;    // wgrad: 2 warpgroups x kEpiBufs boxes
+  static constexpr int kOffBar = kOffEpi + 2 * kEpiBufs * kEpiBox;
   static constexpr int kOffSched = kOffBar + 2 * kStages * 8;
   static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread (64 x BN / 128)
 };
@@ -86,6 +95,7 @@ constexpr int smem_bytes() {
 }
 static_assert(smem_bytes<256>() <= 227 * 1024 && smem_bytes<128>() <= 227 * 1024, "shared memory budget");
 static_assert(Cfg<256>::kOffB % 1024 == 0 && Cfg<128>::kOffB % 1024 == 0, "stage buffers 1024-byte aligned");
+static_assert(Cfg<256>::kOffEpi % 1024 == 0 && Cfg<128>::kOffEpi % 1024 == 0, "epilogue boxes 1024-byte aligned");
 
 struct Params {
   const int32_t* offsets;
@@ -95,7 +105,7 @@ struct Params {
   int32_t n_units;  // n-tiles per scheduling unit row: ceil(ceil(N / BN) / cluster size)
   int32_t m_tiles;  // wgrad: ceil(M / BM)
   int32_t m_fast;   // wgrad: item order, m-tile fastest
-  int32_t prefetch; // wgrad: dW is 16-byte aligned, so its tiles can be prefetched into L2 with bulk copies
+  int32_t prefetch; // wgrad: prefetch each dW tile into L2 (bulk copies) before the TMA adds to it
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing
   void* out;        // y / dx (bf16, [R, N]) or dW (f32, [E, M, N])
 };
@@ -104,6 +114,10 @@ __device__ __forceinline__ void st_bf16x2(bf16* p, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
+
+__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
 
 // One work item, decoded identically by producer and consumers.
 struct Item {
@@ -183,7 +197,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
       }
       if constexpr (kMode == Mode::kWgrad) {
         // A few k-blocks before the mainloop ends, pull this item's dW tile into L2 so the epilogue's
-        // read-add-write waits on L2, not DRAM (one bulk prefetch per dW row of the tile).
+        // add waits on L2, not DRAM (one bulk prefetch per dW row of the tile).
         if (p.prefetch && it.n0 < p.N && kb == (it.nk > kPrefetchLead ? it.nk - kPrefetchLead : 0)) {
           const int64_t M = p.K, N = p.N;
           const int rows = M - it.m0 < BM ? static_cast<int>(M - it.m0) : BM;
@@ -232,9 +246,16 @@ __device__ __forceinline__ void mma_kblock(float (&acc)[BN / 2], uint32_t a, uin
   }
 }
 
+// Byte offset of fp32 (row, col) in a 64 x 16 epilogue box as TMA's 64-byte swizzle lays it out: the 16-byte
+// pieces of a 64-byte row are XORed with bits 7-8 of the row's offset (row / 2 % 4).
+__device__ __forceinline__ uint32_t epi_offset(int row, int col) {
+  return static_cast<uint32_t>(row * 64 + ((((col >> 2) ^ (row >> 1)) & 3) << 4) + (col & 3) * 4);
+}
+
 template <Mode kMode, int BN, int kCl>
-__device__ __forceinline__ void consume(const Sched& sc, const Params& p, uint8_t* smem_ptr, uint32_t smem,
-                                        uint64_t* full, uint64_t* empty, int rank, int unit0, int units_stride) {
+__device__ __forceinline__ void consume(const CUtensorMap* mC, const Sched& sc, const Params& p, uint8_t* smem_ptr,
+                                        uint32_t smem, uint64_t* full, uint64_t* empty, int rank, int unit0,
+                                        int units_stride) {
   using C = Cfg<BN>;
   constexpr int kTA = kMode == Mode::kWgrad ? 1 : 0;
   constexpr int kTB = kMode == Mode::kFwd ? 0 : 1;
@@ -243,7 +264,7 @@ __device__ __forceinline__ void consume(const Sched& sc, const Params& p, uint8_
   const int warp = (ct % 128) / 32, lane = ct % 32;
   const int total = sc.cum[p.E];
   float acc[C::kAcc];
-  int s = 0, e = 0;
+  int s = 0, e = 0, epi_box = 0;
   uint32_t phase = 0;
   // Releases a stage: one arrival per consumer warp on the empty barrier of every CTA that writes into it.
   auto release = [&](int stage) {
@@ -289,27 +310,33 @@ __device__ __forceinline__ void consume(const Sched& sc, const Params& p, uint8_
     const int r_local = cw * 64 + warp * 16 + lane / 4;
     const int col_l = 2 * (lane % 4);
     if constexpr (kMode == Mode::kWgrad) {
-      const int64_t M = p.K, N = p.N;
-      float* dW = static_cast<float*>(p.out) + static_cast<int64_t>(it.e) * M * N;
-      const int64_t ma = it.m0 + r_local, mb = ma + 8;
-      constexpr int kJ = 16;  // column groups per batch: 2 x 16 float2 loads in flight
+      // Box after box of this warpgroup's 64 rows: wait until the TMA has read the box written kEpiBufs ago,
+      // write the fragments, make them visible to the async proxy, and hand the box to the TMA.
+      // (The opaque copy keeps the compiler from hoisting the box addressing out of the item loop, where its
+      // registers would be live across the mainloop and spill.)
+      int r0 = warp * 16 + lane / 4;
+      uint32_t boxes = smem + C::kOffEpi + cw * kEpiBufs * kEpiBox;
+      asm volatile("" : "+r"(r0), "+r"(boxes));
+      const int wt = ct % 128;
+      const uint32_t bar_id = 2 + cw;
 #pragma unroll
-      for (int j0 = 0; j0 < C::kAcc / 4; j0 += kJ) {
-        float2 va[kJ], vb[kJ];
+      for (int c = 0; c < BN / kEpiCols; ++c) {
+        const int b = epi_box;
+        epi_box = epi_box + 1 == kEpiBufs ? 0 : epi_box + 1;
+        if (wt == 0) bulk_wait_group_read<kEpiBufs - 1>();
+        named_barrier_sync(bar_id, 128);
+        const uint32_t box = boxes + b * kEpiBox;
 #pragma unroll
-        for (int j = 0; j < kJ; ++j) {
-          const int64_t n = it.n0 + 8 * (j0 + j) + col_l;
-          va[j] = (ma < M && n < N) ? *reinterpret_cast<const float2*>(dW + ma * N + n) : make_float2(0.f, 0.f);
-          vb[j] = (mb < M && n < N) ? *reinterpret_cast<const float2*>(dW + mb * N + n) : make_float2(0.f, 0.f);
+        for (int jj = 0; jj < kEpiCols / 8; ++jj) {
+          const int q = 4 * (c * (kEpiCols / 8) + jj), col = 8 * jj + col_l;
+          st_shared_f32x2(box + epi_offset(r0, col), acc[q], acc[q + 1]);
+          st_shared_f32x2(box + epi_offset(r0 + 8, col), acc[q + 2], acc[q + 3]);
         }
-#pragma unroll
-        for (int j = 0; j < kJ; ++j) {
-          const int64_t n = it.n0 + 8 * (j0 + j) + col_l;
-          const int q = 4 * (j0 + j);
-          if (ma < M && n < N)
-            *reinterpret_cast<float2*>(dW + ma * N + n) = make_float2(va[j].x + acc[q], va[j].y + acc[q + 1]);
-          if (mb < M && n < N)
-            *reinterpret_cast<float2*>(dW + mb * N + n) = make_float2(vb[j].x + acc[q + 2], vb[j].y + acc[q + 3]);
+        fence_proxy_async_smem();
+        named_barrier_sync(bar_id, 128);
+        if (wt == 0) {
+          tma_reduce_add_3d(mC, boxes + b * kEpiBox, it.n0 + kEpiCols * c, it.m0 + 64 * cw, it.e);
+          bulk_commit_group();
         }
       }
     } else {
@@ -341,7 +368,7 @@ __device__ __forceinline__ void zero_padding(const Params& p, int32_t used, int 
 template <Mode kMode, int BN, int kCl>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_sm90_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-                        const Params p) {
+                        const __grid_constant__ CUtensorMap tmC, const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Cfg<BN>;
   extern __shared__ uint8_t smem_raw[];
@@ -390,7 +417,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();
-    consume<kMode, BN, kCl>(sc, p, smem_ptr, smem, full, empty, rank, unit0, units_stride);
+    consume<kMode, BN, kCl>(&tmC, sc, p, smem_ptr, smem, full, empty, rank, unit0, units_stride);
+    // Wgrad: the epilogue boxes stay allocated until the TMA has read them (as CUTLASS's TMA store epilogue).
+    if (kMode == Mode::kWgrad && tid % 128 == 0) bulk_wait_group_read<0>();
   }
   // No CTA may exit while its peer can still arrive on its barriers. Every thread gets here (no early return).
   if constexpr (kCl > 1) cluster_sync();
@@ -469,12 +498,13 @@ bool device_ok(int device) {
 // (a geometry the driver rejects) says so once on stderr and returns false: the caller falls back to wmma, and
 // the sm90 tests, which assert the path taken, report it.
 bool make_map(CUtensorMap& m, const char* op, const char* what, const void* ptr, int rank, const cuuint64_t* dims,
-              const cuuint64_t* strides, const cuuint32_t* box) {
+              const cuuint64_t* strides, const cuuint32_t* box,
+              CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+              CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   const auto encode = tensor_map_encoder("grouped_gemm");
-  const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank),
-                            const_cast<void*>(ptr), dims, strides, box, elem_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  const CUresult r = encode(&m, type, static_cast<cuuint32_t>(rank), const_cast<void*>(ptr), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r == CUDA_SUCCESS) return true;
   static std::atomic<bool> warned{false};
@@ -499,8 +529,8 @@ bool shapes_ok(int64_t E, int64_t R, int64_t out, int64_t in) {
 
 // Launches kernel<kMode, BN, kCl> persistently: at most one cluster per co-resident slot, at most one per unit.
 template <Mode kMode, int BN, int kCl>
-void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const Params& p, int64_t max_units,
-            CudaContext& ctx) {
+void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& c, const Params& p,
+            int64_t max_units, CudaContext& ctx) {
   auto kernel = grouped_sm90_kernel<kMode, BN, kCl>;
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr[1];
@@ -531,16 +561,16 @@ void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const Pa
   // Clusters scale down with the SMs left to a concurrent collective.
   const int64_t n = std::max<int64_t>(1, slots.load() * ctx.gemm_sms() / ctx.num_sms);
   cfg.gridDim = dim3(static_cast<unsigned>(kCl * (max_units < 1 ? 1 : (max_units < n ? max_units : n))));
-  cuda::check(cudaLaunchKernelEx(&cfg, kernel, a, b, p), op, "kernel launch");
+  cuda::check(cudaLaunchKernelEx(&cfg, kernel, a, b, c, p), op, "kernel launch");
 }
 
 template <Mode kMode>
-void launch_cfg(const char* op, const CUtensorMap& a, const CUtensorMap& b, const Params& p, int64_t max_units,
-                CudaContext& ctx, int bn, int cl) {
-  if (bn == 128 && cl == 1) launch<kMode, 128, 1>(op, a, b, p, max_units, ctx);
-  else if (bn == 128) launch<kMode, 128, 2>(op, a, b, p, max_units, ctx);
-  else if (cl == 1) launch<kMode, 256, 1>(op, a, b, p, max_units, ctx);
-  else launch<kMode, 256, 2>(op, a, b, p, max_units, ctx);
+void launch_cfg(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& c, const Params& p,
+                int64_t max_units, CudaContext& ctx, int bn, int cl) {
+  if (bn == 128 && cl == 1) launch<kMode, 128, 1>(op, a, b, c, p, max_units, ctx);
+  else if (bn == 128) launch<kMode, 128, 2>(op, a, b, c, p, max_units, ctx);
+  else if (cl == 1) launch<kMode, 256, 1>(op, a, b, c, p, max_units, ctx);
+  else launch<kMode, 256, 2>(op, a, b, c, p, max_units, ctx);
 }
 
 // Forward and dgrad share everything but B's layout: out [R, N] from in [R, K].
@@ -578,7 +608,7 @@ bool try_rows(const char* op, const bf16* in, const bf16* W, const int32_t* off,
   p.n_units = static_cast<int32_t>(n_units);
   p.out = out;
   p.fault = fault_injection();
-  launch_cfg<kMode>(op, ma, mb, p, max_units, ctx, bn, cl);
+  launch_cfg<kMode>(op, ma, mb, ma, p, max_units, ctx, bn, cl);  // no third map: the epilogue stores directly
   note_grouped_impl("sm90");
   return true;
 }
@@ -613,7 +643,7 @@ bool try_grouped_wgrad(const bf16* dy, const bf16* x, const int32_t* off, int64_
                        int64_t in, float* dW, CudaContext& ctx) {
   const char* op = "grouped_gemm_wgrad";
   if (!wants_sm90() || !shapes_ok(E, R, out, in) || !device_ok(ctx.device)) return false;
-  if (!aligned(dy, 16) || !aligned(x, 16) || !aligned(dW, 8)) return false;  // TMA bases, float2 read-add-write
+  if (!aligned(dy, 16) || !aligned(x, 16) || !aligned(dW, 16)) return false;  // TMA bases
   const int bn = tile_n(), cl = cluster_size();
   const int64_t M = out, N = in;
   const int64_t m_tiles = (M + BM - 1) / BM, n_units = ((N + bn - 1) / bn + cl - 1) / cl;
@@ -629,6 +659,14 @@ bool try_grouped_wgrad(const bf16* dy, const bf16* x, const int32_t* off, int64_
   CUtensorMap ma, mb;
   if (!make_map(ma, op, "dy", dy, 2, a_dims, a_strides, box) || !make_map(mb, op, "x", x, 2, b_dims, b_strides, box))
     return false;
+  // dW [E, M, N] fp32, added to in 16-column x 64-row boxes.
+  const cuuint64_t c_dims[3] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
+  const cuuint64_t c_strides[2] = {static_cast<cuuint64_t>(N) * 4, static_cast<cuuint64_t>(N * M) * 4};
+  const cuuint32_t c_box[3] = {kEpiCols, 64, 1};
+  CUtensorMap mc;
+  if (!make_map(mc, op, "dW", dW, 3, c_dims, c_strides, c_box, CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                CU_TENSOR_MAP_SWIZZLE_64B))
+    return false;
 
   Params p{};
   p.offsets = off;
@@ -639,10 +677,10 @@ bool try_grouped_wgrad(const bf16* dy, const bf16* x, const int32_t* off, int64_
   p.n_units = static_cast<int32_t>(n_units);
   p.m_tiles = static_cast<int32_t>(m_tiles);
   p.m_fast = M <= N ? 1 : 0;
-  p.prefetch = aligned(dW, 16) ? 1 : 0;
+  p.prefetch = 1;
   p.fault = fault_injection();
   p.out = dW;
-  launch_cfg<Mode::kWgrad>(op, ma, mb, p, max_units, ctx, bn, cl);
+  launch_cfg<Mode::kWgrad>(op, ma, mb, mc, p, max_units, ctx, bn, cl);
   note_grouped_impl("sm90");
   return true;
 }
