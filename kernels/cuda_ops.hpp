@@ -44,6 +44,7 @@ class CudaOps : public Ops {
   void synchronize() override;
   size_t peak_allocated() const override;
   void set_sm_reserve(int sms) override;
+  void set_lm_head_chunk_tokens(int64_t tokens) override { lm_head_chunk_ = tokens; }
 
   void zero(const Tensor& t) override;
   void copy(const Tensor& src, const Tensor& dst) override;
@@ -109,6 +110,7 @@ class CudaOps : public Ops {
  private:
   CudaContext* ctx_;
   std::unordered_map<void*, size_t> sizes_;  // live allocations, for the memory report
+  int64_t lm_head_chunk_ = 4096;              // set_lm_head_chunk_tokens
 };
 
 // Throws std::runtime_error when no CUDA device is usable.

@@ -1,10 +1,12 @@
 // LM head + cross-entropy on the device, chunked over tokens so the [T, V] logits never exist at once.
 //
-// Per chunk of rows (at most 1024, and at most ~kLogitsBudget bytes of logits):
+// Per chunk of rows (set_lm_head_chunk_tokens; lm_head_chunk_tokens in the config, 4096 by default):
 //   Z = h_chunk @ W^T                  (CudaOps::gemm, BF16 out: see the rounding note below)
 //   per row: max, log-sum-exp (fp32), loss = lse - Z[label]; then in place Z <- grad_scale * (softmax - onehot)
 //   dh_chunk = Z @ W                   (BF16, overwrite)
 //   dW      += Z^T @ h_chunk           (F32, accumulate)
+// dW's fp32 read-add-write is once per chunk (1 GiB each at V = 128256, d = 2048), so chunks are as large as the
+// memory plan allows (the logits chunk is in the plan's scratch line).
 // The per-row losses go to a [T] scratch and are summed in a fixed order by one block at the end, and one
 // thread adds the total to loss_sum[0]: deterministic, no float atomics.
 //
@@ -26,8 +28,6 @@ namespace mxt {
 namespace {
 
 constexpr int32_t kIgnore = -100;
-constexpr int64_t kMaxChunkRows = 1024;
-constexpr int64_t kLogitsBudget = 128ll << 20;  // bytes of BF16 logits per chunk (V = 128256: 512 rows)
 constexpr int kRowThreads = 512;
 constexpr int kReduceThreads = 1024;
 
@@ -128,11 +128,7 @@ void CudaOps::lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& label
   if (grad) (void)cuda::f32(dW, op, "dW");
   if (T == 0) return;
 
-  int64_t chunk = kLogitsBudget / (V * static_cast<int64_t>(sizeof(cuda::bf16)));
-  if (chunk > kMaxChunkRows) chunk = kMaxChunkRows;
-  if (chunk >= 128) chunk -= chunk % 64;  // GEMM-friendly row counts
-  if (chunk < 1) chunk = 1;
-  if (chunk > T) chunk = T;
+  const int64_t chunk = lm_head_chunk_rows(T, lm_head_chunk_);
   cuda::bf16* logits = static_cast<cuda::bf16*>(
       ctx().scratch("lm_head_loss.logits", static_cast<size_t>(chunk * V) * sizeof(cuda::bf16)));
   float* row_loss = static_cast<float*>(ctx().scratch("lm_head_loss.row_loss", static_cast<size_t>(T) * sizeof(float)));

@@ -5,7 +5,8 @@ For each shape: build a random MixtralForCausalLM in fp32, save it as safetensor
 `mxtrain --dump-first-batch` on the same weights and tokens (init_from_pretrained), and compare the loss, the
 logits and every parameter's gradient with HF in fp32. Then the reverse direction (weights exported by mxtrain
 load in transformers and give mxtrain's loss) and ten optimizer steps against an fp32 PyTorch AdamW with the
-same schedule and clipping. Prints one JSON line per check and a table; exits 1 if any check fails.
+same schedule and clipping (for the CUDA backend also PyTorch under bf16 autocast beside it, the yardstick of
+what bf16 compute alone moves). Prints one JSON line per check and a table; exits 1 if any check fails.
 
   python3 scripts/parity_hf.py --mxtrain build/mxtrain --backend cuda --out /tmp/parity
 """
@@ -176,21 +177,32 @@ def main():
                                   "checkpoint.final_model_dtype=float32"],
             os.path.join(d, "train.log"))
         mx_losses = [json.loads(l)["loss"] for l in open(os.path.join(train_dir, "metrics.jsonl"))]
-        _, ref = build(kw, uneven, seed=1234)
-        ref = ref.to(dev)
-        opt = torch.optim.AdamW(ref.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.033)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, warmup, decay, min_ratio))
-        pt_losses = []
-        for _ in range(steps):
-            out = ref(input_ids=ids.to(dev), labels=ids.to(dev))
-            out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            pt_losses.append(float(out.loss))
+        def pytorch_losses(autocast_bf16):
+            # fp32 AdamW on fp32 parameters; with autocast_bf16 the forward and backward compute in bf16 (the
+            # mixed-precision setup mxtrain's CUDA backend has: fp32 master, bf16 GEMMs).
+            _, ref = build(kw, uneven, seed=1234)
+            ref = ref.to(dev)
+            opt = torch.optim.AdamW(ref.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.033)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, warmup, decay, min_ratio))
+            losses = []
+            for _ in range(steps):
+                with torch.autocast(device_type=dev, dtype=torch.bfloat16, enabled=autocast_bf16):
+                    out = ref(input_ids=ids.to(dev), labels=ids.to(dev))
+                out.loss.backward()
+                torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(float(out.loss))
+            return losses
+
+        pt_losses = pytorch_losses(False)
         worst = max(abs(x - y) / abs(y) for x, y in zip(mx_losses, pt_losses))
-        report(name, "10-step losses", worst, tol["train"], mxtrain=mx_losses[-1], pytorch=pt_losses[-1])
+        extra = {}
+        if bf16:
+            amp = pytorch_losses(True)
+            extra["hf_bf16"] = max(abs(x - y) / abs(y) for x, y in zip(amp, pt_losses))
+        report(name, "10-step losses", worst, tol["train"], mxtrain=mx_losses[-1], pytorch=pt_losses[-1], **extra)
         exported = MixtralForCausalLM.from_pretrained(os.path.join(train_dir, "ckpt", "final_model"),
                                                       torch_dtype=torch.float32).to(dev)
         exported.config._attn_implementation = "eager"

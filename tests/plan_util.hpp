@@ -11,11 +11,11 @@
 
 namespace mxt::testing {
 
-// Whole plan per rank in bytes: fp32 state and working copies, MXFP8 weight copies, activations.
+// Whole plan per rank in bytes: fp32 state and working copies, MXFP8 weight copies, activations, LM-head scratch.
 inline size_t gpu_plan_bytes(const std::string& config_name, const std::vector<std::string>& overrides) {
   const MemoryPlan p = plan_memory(to_train_config(resolve_config(LoadOptions{config_name, "", overrides})),
                                    DType::BF16);
-  return p.param_bytes + p.fp8_weight_bytes + p.activation_bytes;
+  return p.total_bytes();
 }
 
 }  // namespace mxt::testing

@@ -319,6 +319,7 @@ TEST(ConfigChecks, BadValuesNameKeyAndValue) {
       {{"config_kwargs.vocab_size=-1"}, "config_kwargs.vocab_size must be positive, got -1"},
       {{"config_kwargs.intermediate_size=0"}, "config_kwargs.intermediate_size must be positive, got 0"},
       {{"config_kwargs.num_hidden_layers=0"}, "config_kwargs.num_hidden_layers must be positive, got 0"},
+      {{"lm_head_chunk_tokens=0"}, "lm_head_chunk_tokens must be positive, got 0"},
       {{"config_kwargs.num_attention_heads=0"}, "config_kwargs.num_attention_heads must be positive, got 0"},
       {{"config_kwargs.num_key_value_heads=0"}, "config_kwargs.num_key_value_heads must be positive, got 0"},
       {{"config_kwargs.num_local_experts=0"}, "config_kwargs.num_local_experts must be positive, got 0"},

@@ -32,6 +32,14 @@ struct AdamWStep {
   float grad_scale = 1.f;  // multiplies the gradient first (global-norm clipping coefficient)
 };
 
+// Rows per LM-head chunk for T tokens when at most `tokens` may have logits at once (a multiple of 64 when the
+// chunk is smaller than T, for the GEMMs). The CUDA lm_head_loss and the memory plan both use it.
+inline int64_t lm_head_chunk_rows(int64_t T, int64_t tokens) {
+  int64_t c = tokens < T ? tokens : T;
+  if (c >= 128 && c < T) c -= c % 64;
+  return c < 1 ? 1 : c;
+}
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -51,6 +59,9 @@ class Ops {
   virtual size_t peak_allocated() const { return 0; }
   // Multiprocessors the persistent GEMM kernels leave free for a collective running alongside them (0: none).
   virtual void set_sm_reserve(int /*sms*/) {}
+  // At most this many tokens' LM-head logits at once in lm_head_loss (the backends that chunk it; the chunk is
+  // lm_head_chunk_rows(T, tokens)).
+  virtual void set_lm_head_chunk_tokens(int64_t /*tokens*/) {}
 
   // ---- elementwise --------------------------------------------------------------------------------
   virtual void zero(const Tensor& t) = 0;

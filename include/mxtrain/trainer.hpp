@@ -95,8 +95,9 @@ struct MemoryPlan {
   size_t fp8_weight_bytes = 0;  // fp8_config.enabled: the MXFP8 weight copies (quantised once per step)
   size_t expert_working_bytes = 0;  // part of param_bytes: the experts' working copy (0 if none)
   DType act_dtype = DType::F32;     // the backend's activation / working-weight dtype the plan is for
-  size_t scratch_bytes = 0;  // the ops' own temporaries (LM-head logits chunk) and the step's small buffers
+  size_t scratch_bytes = 0;  // the ops' own temporaries: the LM-head loss's logits chunk and per-token losses
   std::vector<std::pair<std::string, size_t>> largest;  // biggest activation buffers
+  size_t total_bytes() const { return param_bytes + fp8_weight_bytes + activation_bytes + scratch_bytes; }
 };
 MemoryPlan plan_memory(const TrainConfig& cfg, Ops& ops);
 // The plan for a backend whose activations (and working weights) are act_dtype (CPU: F32, CUDA: BF16), without

@@ -241,6 +241,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.output_dir = r.s("output_dir");
   c.init_from_pretrained = r.s("init_from_pretrained");
   c.recompute_experts = r.b("recompute_experts");
+  c.lm_head_chunk_tokens = r.i("lm_head_chunk_tokens");
   c.parallelism.dp_size = r.i("parallelism.dp_size");
   c.parallelism.ep_size = r.i("parallelism.ep_size");
   c.parallelism.timeout_s = r.f("parallelism.timeout_s");
@@ -284,6 +285,7 @@ void check_fp8_shapes(const TrainConfig& c) {
 
 void check_rest(TrainConfig& c) {
   require_positive(c.num_train_steps, "num_train_steps");
+  require_positive(c.lm_head_chunk_tokens, "lm_head_chunk_tokens");
   require(c.grad_acc_steps >= 1, fmt::format("grad_acc_steps must be >= 1, got {}", c.grad_acc_steps));
   require_one_of(c.backend, {"auto", "cpu", "cuda"}, "backend");
   require_one_of(c.checkpoint.final_model_dtype, {"float32", "bfloat16"}, "checkpoint.final_model_dtype");

@@ -45,6 +45,7 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
       loader_(std::move(tokens), cfg.dataset, cfg.seed, rank_, world_) {
   const int64_t T = cfg.dataset.micro_batch_size * cfg.dataset.max_seq_length;
   const DType F = DType::F32;
+  ops_.set_lm_head_chunk_tokens(cfg.lm_head_chunk_tokens);
   dense_shard_ = make_param_shard(groups_->world.get(), layout_.dense_numel);
   expert_shard_ = make_param_shard(groups_->dp.get(), layout_.expert_numel);
   for (auto* fp : {&dense_, &expert_}) {
@@ -312,8 +313,7 @@ void Trainer::log_device_memory() {
   const size_t peak = ops_.peak_allocated();
   if (peak == 0) return;
   const MemoryPlan plan = plan_memory(cfg_, ops_);
-  const double planned =
-      static_cast<double>(plan.param_bytes + plan.fp8_weight_bytes + plan.activation_bytes + plan.scratch_bytes);
+  const double planned = static_cast<double>(plan.total_bytes());
   spdlog::info("device memory: peak allocated {:.3f} GiB, plan {:.3f} GiB ({:+.1f}%)", peak / 1073741824.0,
                planned / 1073741824.0, 100.0 * (static_cast<double>(peak) / planned - 1.0));
 }
@@ -427,6 +427,10 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
                        cfg.fp8, cfg.recompute_experts);
   p.activation_bytes = planned.arena().total_bytes();
   p.fp8_weight_bytes = planned.mx_weight_arena().total_bytes();
+  // The LM-head loss's logits chunk (the backend's activation dtype) and its per-token losses.
+  const int64_t T = cfg.dataset.micro_batch_size * cfg.dataset.max_seq_length;
+  p.scratch_bytes = static_cast<size_t>(lm_head_chunk_rows(T, cfg.lm_head_chunk_tokens) * cfg.model.vocab_size) * act +
+                    static_cast<size_t>(T) * sizeof(float);
   std::vector<std::pair<std::string, size_t>> all;
   for (const auto& e : planned.arena().entries()) all.emplace_back(e.name, e.bytes);
   std::sort(all.begin(), all.end(), [](auto& a, auto& b) { return a.second > b.second; });
@@ -451,6 +455,7 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       "dense, {} expert)\n"
       "{}"
       "  activations (arena{}): {:.2f} GiB\n"
+      "  LM-head logits ({} tokens at a time, lm_head_chunk_tokens): {:.2f} GiB\n"
       "  total: {:.2f} GiB\n  largest activation buffers:\n",
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
       act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts, working,
@@ -463,7 +468,9 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
                                        gib(p.fp8_weight_bytes))
                          : std::string(),
       cfg.recompute_experts ? "; the experts' h13 and SwiGLU output recomputed in the backward" : "",
-      gib(p.activation_bytes), gib(p.param_bytes + p.fp8_weight_bytes + p.activation_bytes));
+      gib(p.activation_bytes),
+      lm_head_chunk_rows(cfg.dataset.micro_batch_size * cfg.dataset.max_seq_length, cfg.lm_head_chunk_tokens),
+      gib(p.scratch_bytes), gib(p.total_bytes()));
   for (const auto& [name, bytes] : p.largest) s += fmt::format("    {:<28} {:10.1f} MiB\n", name, bytes / 1048576.0);
   return s;
 }
