@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """mxtrain's trainer beside the HF transformers baseline, in one call on one GPU.
 
-For each preset: mxtrain --config-name bench_<preset> (4 optimizer steps of 8 x 4096 tokens), then
+For each preset: mxtrain --config-name bench_<preset> (4 optimizer steps of 8 x 4096 tokens; L0_sanity: 30 steps
+of 8 x 128 tokens on one GPU), then
 hf_baseline.py --preset <preset> on the same shape and batch. Prints tokens/s, model TFLOP/s (the HF script's
 FLOP formula) and the ratio; writes one JSON line per run to --out.
 
@@ -9,9 +10,13 @@ FLOP formula) and the ratio; writes one JSON line per run to --out.
 """
 import argparse, json, os, statistics, subprocess, sys
 
-SHAPES = {  # preset: (our config name, HF shape numbers for the FLOP formula)
-    "8x1B": ("bench_8x1B", dict(d=2048, f=4096, L=16, H=16, KVH=8, E=8, k=2, V=128256)),
-    "8x7B-2layer": ("bench_8x7B_2layer", dict(d=4096, f=14336, L=2, H=32, KVH=8, E=8, k=2, V=128256)),
+SHAPES = {  # preset: (our config name and overrides, HF shape numbers for the FLOP formula, seq, HF steps)
+    "8x1B": ("bench_8x1B", [], dict(d=2048, f=4096, L=16, H=16, KVH=8, E=8, k=2, V=128256), 4096, 4),
+    "8x7B-2layer": ("bench_8x7B_2layer", [], dict(d=4096, f=14336, L=2, H=32, KVH=8, E=8, k=2, V=128256), 4096, 4),
+    # L0_sanity on one GPU with the HF preset's batch (seq 128, micro-batch 1, 8 accumulation steps)
+    "L0_sanity": ("L0_sanity", ["parallelism.ep_size=1", "grad_acc_steps=8", "num_train_steps=30",
+                                "lr_scheduler_kwargs.num_decay_steps=20", "logger.frequency=1"],
+                  dict(d=256, f=512, L=2, H=4, KVH=2, E=4, k=2, V=128256), 128, 20),
 }
 
 
@@ -30,16 +35,15 @@ def main():
     ap.add_argument("--mxtrain", default="build/mxtrain")
     ap.add_argument("--hf-baseline", default="../shared/bench/hf_baseline.py")
     ap.add_argument("--out", default="/tmp/bench")
-    ap.add_argument("--seq", type=int, default=4096)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows = []
     for preset in a.presets:
-        cfg, shape = SHAPES[preset]
+        cfg, overrides, shape, seq, hf_steps = SHAPES[preset]
         run_dir = os.path.join(a.out, cfg)
         log = os.path.join(a.out, cfg + ".log")
         with open(log, "w") as f:
-            rc = subprocess.run([a.mxtrain, "--config-name", cfg, "backend=cuda", f"output_dir={run_dir}"],
+            rc = subprocess.run([a.mxtrain, "--config-name", cfg, "backend=cuda", f"output_dir={run_dir}"] + overrides,
                                 stdout=f, stderr=subprocess.STDOUT).returncode
         ours = None
         if rc == 0:
@@ -47,13 +51,13 @@ def main():
             ours = statistics.median(s["tokens_per_s"] for s in steps[1:])  # the first step warms up
         else:
             sys.stderr.write(open(log).read()[-2000:])
-        hf = subprocess.run([sys.executable, a.hf_baseline, "--preset", preset, "--seq", str(a.seq), "--mbs", "1",
-                             "--acc", "8", "--steps", "4"], capture_output=True, text=True)
+        hf = subprocess.run([sys.executable, a.hf_baseline, "--preset", preset, "--seq", str(seq), "--mbs", "1",
+                             "--acc", "8", "--steps", str(hf_steps)], capture_output=True, text=True)
         hf_line = [l for l in hf.stdout.splitlines() if l.startswith("{")]
         theirs = json.loads(hf_line[-1])["tokens_per_s"] if hf_line else None
         if not hf_line:
             sys.stderr.write(hf.stderr[-2000:])
-        fpt = flops_per_token(shape, a.seq)
+        fpt = flops_per_token(shape, seq)
         row = dict(preset=preset, mxtrain_tokens_per_s=ours, hf_tokens_per_s=theirs,
                    mxtrain_tflops=ours and round(ours * fpt / 1e12, 1), hf_tflops=theirs and round(theirs * fpt / 1e12, 1),
                    ratio=(ours / theirs) if ours and theirs else None, mxtrain_rc=rc)

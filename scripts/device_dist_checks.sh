@@ -14,6 +14,7 @@
 #             time per kernel family, the top of the list printed
 #   cuda      every CUDA test (bf16 and MXFP8 kernels, GPU training) against its CPU twin
 #   parity    scripts/parity_hf.py, CUDA backend, against HF transformers in fp32
+#   trainer   scripts/bench_trainer.py: L0_sanity (1 GPU) and the 8x7B 2-layer shape beside the HF baseline
 #   study     scripts/router_precision_study.py: which bf16 roundings move the router-gate gradients
 #   mxgpu     the MXFP8 CUDA tests (quantisers, GEMMs, expert MLP, dense linear, a short fp8 training run) vs CPU twins
 #   conv      convergence, bf16 (GPU 0) beside MXFP8 (GPU 1) on the same data: L0_sanity 300 steps, then 8x1B
@@ -181,6 +182,13 @@ PY
       --out /tmp/parity_cuda >"$OUT/parity_cuda.log" 2>&1
     add "HF parity, CUDA backend" "rc=$? ($(grep -c '"passed": true' "$OUT/parity_cuda.log") pass, $(grep -c '"passed": false' "$OUT/parity_cuda.log") fail)"
     grep '^|' "$OUT/parity_cuda.log"
+    ;;
+  trainer)
+    CUDA_VISIBLE_DEVICES=0 timeout 400 python3 scripts/bench_trainer.py --mxtrain "$MX" \
+      --hf-baseline "$BIN_DIR/hf_baseline.py" --out "$OUT/bench_trainer" L0_sanity 8x7B-2layer \
+      >"$OUT/bench_trainer.log" 2>&1
+    add "trainer vs HF (L0, 8x7B 2 layers)" "rc=$?"
+    grep '^|' "$OUT/bench_trainer.log"
     ;;
   study)
     CUDA_VISIBLE_DEVICES=0 timeout 200 python3 scripts/router_precision_study.py >"$OUT/router_study.log" 2>&1

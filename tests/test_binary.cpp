@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "binary_test_util.hpp"
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
 #include <array>
@@ -129,6 +130,29 @@ TEST(Binary, TrainsOnFastaAndRepeatsExactly) {
   EXPECT_EQ(la, lb);          // step, loss, lr, grad norm: identical text
   EXPECT_THAT(a.output, HasSubstr("step 12/12"));
   EXPECT_THAT(a.output, HasSubstr("eta"));
+}
+
+// --dump-first-batch (the parity script's input): the loss, the tokens, and per layer the experts each token was
+// routed to (T x k indices in [0, E)).
+TEST(Binary, DumpFirstBatchWritesLossTokensAndRouting) {
+  const fs::path d = temp_dir("dump");
+  const RunResult r = run(std::string("--config-name L0_sanity ") + kTiny + " --dump-first-batch " + (d / "dump").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream f(d / "dump" / "loss.json");
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_GT(j["loss"].get<double>(), 0.0);
+  const size_t T = j["input_ids"].size();
+  EXPECT_EQ(T, 32u);
+  ASSERT_EQ(j["topk"].size(), 2u);  // L0_sanity's layers
+  for (const auto& layer : j["topk"]) {
+    ASSERT_EQ(layer.size(), 2 * T);  // top-2
+    for (size_t t = 0; t < T; ++t) {
+      const int a = layer[2 * t].get<int>(), b = layer[2 * t + 1].get<int>();
+      EXPECT_TRUE(a >= 0 && a < 4 && b >= 0 && b < 4 && a != b) << t << ": " << a << ", " << b;
+    }
+  }
+  EXPECT_TRUE(fs::exists(d / "dump" / "logits.safetensors"));
+  EXPECT_TRUE(fs::exists(d / "dump" / "grads"));
 }
 
 }  // namespace

@@ -117,6 +117,7 @@ class MixtralModel {
   // The weights changed (optimizer step, checkpoint load, init): the next forward re-quantises them.
   void invalidate_fp8_weights() { mx_stale_ = true; }
   const Tensor& final_hidden() const { return ln_final_; }  // (T, d) after the final norm, for logits dumps
+  const Tensor& topk_indices(int layer) const { return acts_[layer].topk_idx; }  // (T, k) I32: the experts picked
   int64_t tokens() const { return T_; }
 
  private:

@@ -377,6 +377,15 @@ void Trainer::dump_first_batch(const std::string& dir) {
   j["tokens"] = n_valid_;
   j["input_ids"] = batch_.input_ids;
   j["backend"] = ops_.name();
+  // The experts each token was routed to, per layer (parity checks compare gradients under the same routing).
+  nlohmann::json topk = nlohmann::json::array();
+  for (int l = 0; l < cfg_.model.num_hidden_layers; ++l) {
+    const Tensor& idx = model_->topk_indices(l);
+    std::vector<int32_t> v(static_cast<size_t>(idx.numel()));
+    ops_.download(v.data(), idx.data, v.size() * sizeof(int32_t));
+    topk.push_back(v);
+  }
+  j["topk"] = topk;
   write_file_atomic(dir + "/loss.json", j.dump(2) + "\n");
 }
 
