@@ -31,6 +31,16 @@ struct CudaContext {
   // chunk, attention row statistics...). Sized on the first step and then reused: no allocation in steady
   // state. Each op owns its slot names; a slot's content does not survive the op.
   void* scratch(const char* slot, size_t bytes);
+
+  // Pinned host buffers that upload_async copies through, used round-robin; each is reused once the copy
+  // that last read it has run (its event).
+  struct Staging {
+    void* host = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+  };
+  Staging staging[8];
+  unsigned staging_next = 0;
   ~CudaContext();
 
  private:

@@ -64,6 +64,11 @@ void* CudaContext::scratch(const char* slot, size_t bytes) {
 
 CudaContext::~CudaContext() {
   for (Slot& s : slots_) cudaFree(s.ptr);
+  for (Staging& s : staging) {
+    if (s.done) cudaEventSynchronize(s.done);
+    if (s.done) cudaEventDestroy(s.done);
+    if (s.host) cudaFreeHost(s.host);
+  }
 }
 
 CudaOps::CudaOps(int device) : ctx_(new CudaContext) {
@@ -125,6 +130,56 @@ void CudaOps::upload(void* dst, const void* host_src, size_t bytes) {
   // Synchronous with respect to the host buffer: callers reuse it right away.
   cuda::check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, ctx_->stream), "upload", "memcpy");
   cuda::check(cudaStreamSynchronize(ctx_->stream), "upload", "stream sync");
+}
+
+void CudaOps::upload_async(void* dst, const void* host_src, size_t bytes) {
+  const char* op = "upload_async";
+  CudaContext::Staging& s = ctx_->staging[ctx_->staging_next++ % (sizeof(ctx_->staging) / sizeof(ctx_->staging[0]))];
+  if (s.done == nullptr) cuda::check(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), op, "event");
+  cuda::check(cudaEventSynchronize(s.done), op, "wait for the staging buffer");  // no-op before its first use
+  if (s.bytes < bytes) {
+    if (s.host) cuda::check(cudaFreeHost(s.host), op, "cudaFreeHost");
+    s.host = nullptr;
+    s.bytes = 0;
+    cuda::check(cudaMallocHost(&s.host, bytes), op, "cudaMallocHost");
+    s.bytes = bytes;
+  }
+  std::memcpy(s.host, host_src, bytes);
+  cuda::check(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, ctx_->stream), op, "memcpy");
+  cuda::check(cudaEventRecord(s.done, ctx_->stream), op, "event record");
+}
+
+void CudaOps::capture_begin() {
+  cuda::check(cudaStreamBeginCapture(ctx_->stream, cudaStreamCaptureModeThreadLocal), "capture_begin",
+              "cudaStreamBeginCapture");
+}
+
+void* CudaOps::capture_end(std::string* why) {
+  cudaGraph_t g = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(ctx_->stream, &g);
+  (void)cudaGetLastError();  // an op that broke the capture left its error here
+  if (e != cudaSuccess || g == nullptr) {
+    if (why) *why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(e);
+    if (g) cudaGraphDestroy(g);
+    return nullptr;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t ie = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  if (ie != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (why) *why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(ie);
+    return nullptr;
+  }
+  return exec;
+}
+
+void CudaOps::graph_launch(void* graph) {
+  cuda::check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), ctx_->stream), "graph_launch", "cudaGraphLaunch");
+}
+
+void CudaOps::graph_destroy(void* graph) {
+  if (graph) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
 }
 
 void CudaOps::download(void* host_dst, const void* src, size_t bytes) {

@@ -40,6 +40,12 @@ class CudaOps : public Ops {
   void* alloc(size_t bytes) override;
   void release(void* p) override;
   void upload(void* dst, const void* host_src, size_t bytes) override;
+  void upload_async(void* dst, const void* host_src, size_t bytes) override;
+  bool graphs_supported() const override { return true; }
+  void capture_begin() override;
+  void* capture_end(std::string* why) override;
+  void graph_launch(void* graph) override;
+  void graph_destroy(void* graph) override;
   void download(void* host_dst, const void* src, size_t bytes) override;
   void synchronize() override;
   size_t peak_allocated() const override;

@@ -185,10 +185,15 @@ PY
     ;;
   trainer)
     CUDA_VISIBLE_DEVICES=0 timeout 400 python3 scripts/bench_trainer.py --mxtrain "$MX" \
-      --hf-baseline "$BIN_DIR/hf_baseline.py" --out "$OUT/bench_trainer" L0_sanity 8x7B-2layer \
+      --hf-baseline "$BIN_DIR/hf_baseline.py" --out "$OUT/bench_trainer" ${TRAINER_PRESETS:-L0_sanity 8x7B-2layer} \
       >"$OUT/bench_trainer.log" 2>&1
     add "trainer vs HF (L0, 8x7B 2 layers)" "rc=$?"
     grep '^|' "$OUT/bench_trainer.log"
+    # L0_sanity once more without CUDA graphs: what the replay saves at the smallest shape
+    CUDA_VISIBLE_DEVICES=0 "$MX" --config-name L0_sanity backend=cuda parallelism.ep_size=1 grad_acc_steps=8 \
+      num_train_steps=30 lr_scheduler_kwargs.num_decay_steps=20 logger.frequency=1 cuda_graphs=false \
+      output_dir="$OUT/l0_eager" >"$OUT/l0_eager.log" 2>&1
+    add "L0_sanity eager (cuda_graphs=false)" "rc=$? $(metrics eager="$OUT/l0_eager/metrics.jsonl" | sed 's/.*median//')"
     ;;
   study)
     CUDA_VISIBLE_DEVICES=0 timeout 200 python3 scripts/router_precision_study.py >"$OUT/router_study.log" 2>&1

@@ -116,6 +116,10 @@ class MixtralModel {
   const Arena& mx_weight_arena() const { return mx_weights_arena_; }
   // The weights changed (optimizer step, checkpoint load, init): the next forward re-quantises them.
   void invalidate_fp8_weights() { mx_stale_ = true; }
+  // Whether the next forward_backward quantises the weights first; a replayed capture of one that did has
+  // done it again, which the caller reports with fp8_weights_refreshed().
+  bool fp8_weights_stale() const { return mx_ && mx_stale_; }
+  void fp8_weights_refreshed() { mx_stale_ = false; }
   const Tensor& final_hidden() const { return ln_final_; }  // (T, d) after the final norm, for logits dumps
   const Tensor& topk_indices(int layer) const { return acts_[layer].topk_idx; }  // (T, k) I32: the experts picked
   int64_t tokens() const { return T_; }

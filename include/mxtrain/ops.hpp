@@ -12,6 +12,7 @@
 //   a device backend never has to synchronise inside the step.
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "mxtrain/tensor.hpp"
 
@@ -53,7 +54,19 @@ class Ops {
   virtual void* alloc(size_t bytes) = 0;  // zero-filled
   virtual void release(void* p) = 0;
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  // The same without waiting for the device: the host buffer may be reused at once, the copy runs in stream
+  // order (after the work already enqueued). The trainer's per-micro-batch inputs, so the host never waits for
+  // the previous micro-batch to finish.
+  virtual void upload_async(void* dst, const void* host_src, size_t bytes) { upload(dst, host_src, bytes); }
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+  // Graphs (CUDA graphs; backends without them return false / nullptr): between capture_begin and capture_end
+  // the ops this thread enqueues are recorded, not run; capture_end returns a replayable graph, or nullptr when
+  // the capture failed (an op that cannot be captured), with *why set. graph_launch enqueues one replay.
+  virtual bool graphs_supported() const { return false; }
+  virtual void capture_begin() {}
+  virtual void* capture_end(std::string* /*why*/) { return nullptr; }
+  virtual void graph_launch(void* /*graph*/) {}
+  virtual void graph_destroy(void* /*graph*/) {}
   virtual void synchronize() = 0;
   // Most bytes this backend has held at once through alloc and its own scratch (0: not tracked).
   virtual size_t peak_allocated() const { return 0; }

@@ -69,6 +69,17 @@ class Trainer {
   void load_micro_batch(int64_t index_in_step);  // next batch from the loader -> mb_; returns via n_valid_
   void start_grad_reduce(int part);  // parallelism.overlap_grad_reduce: one part's gradient ranges (trainer.cpp)
   std::vector<std::array<int64_t, 4>> grad_parts_;  // start_grad_reduce's ranges, built on first use
+  // cuda_graphs: micro-batch i's forward + backward, captured on the second step (the first allocates the ops'
+  // scratch) and replayed after; recaptured when its loss scale changes.
+  struct MicroGraph {
+    void* exec = nullptr;
+    float ce_scale = 0.f;
+    bool quantizes = false;  // captured with the once-per-step MXFP8 weight quantisation in it
+  };
+  bool graphs_usable() const;
+  double forward_backward_graphed(int64_t i, float ce_scale, float aux_scale, uint64_t jitter_seed);
+  std::vector<MicroGraph> graphs_;
+  bool graphs_on_ = false, graphs_warm_ = false;
 
   TrainConfig cfg_;
   Ops& ops_;

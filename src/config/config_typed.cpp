@@ -242,6 +242,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.init_from_pretrained = r.s("init_from_pretrained");
   c.recompute_experts = r.b("recompute_experts");
   c.lm_head_chunk_tokens = r.i("lm_head_chunk_tokens");
+  c.cuda_graphs = r.b("cuda_graphs");
   c.parallelism.dp_size = r.i("parallelism.dp_size");
   c.parallelism.ep_size = r.i("parallelism.ep_size");
   c.parallelism.timeout_s = r.f("parallelism.timeout_s");

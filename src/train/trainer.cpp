@@ -113,7 +113,49 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
                  ops_.name(), upload_s, secs(t0));
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  for (MicroGraph& g : graphs_) ops_.graph_destroy(g.exec);
+}
+
+// Graph replay needs a forward + backward that never waits for the host: one process (no exchanges, no
+// gradient hooks), no aux loss (its coefficients are computed on the host), no jitter (host-drawn noise), and
+// no per-stage timing (its events are read per stage).
+bool Trainer::graphs_usable() const {
+  return cfg_.cuda_graphs && ops_.graphs_supported() && world_ == 1 && cfg_.model.router_aux_loss_coef == 0 &&
+         cfg_.model.router_jitter_noise == 0 && stage_clock() == nullptr;
+}
+
+double Trainer::forward_backward_graphed(int64_t i, float ce_scale, float aux_scale, uint64_t jitter_seed) {
+  const Tensor slot = loss_slots_.rows(i, 1);
+  if (!graphs_on_) return model_->forward_backward(mb_, ce_scale, aux_scale, slot, true, jitter_seed);
+  MicroGraph& g = graphs_[static_cast<size_t>(i)];
+  if (g.exec && g.ce_scale != ce_scale) {  // the scale is a kernel argument inside the graph
+    ops_.graph_destroy(g.exec);
+    g.exec = nullptr;
+  }
+  if (!g.exec) {
+    const bool quantizes = model_->fp8_weights_stale();
+    std::string why;
+    ops_.capture_begin();
+    try {
+      model_->forward_backward(mb_, ce_scale, aux_scale, slot, true, jitter_seed);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    void* exec = ops_.capture_end(why.empty() ? &why : nullptr);
+    if (!exec || !why.empty()) {
+      ops_.graph_destroy(exec);
+      graphs_on_ = false;
+      spdlog::warn("cuda_graphs: capturing micro-batch {} failed ({}); running eagerly from here on", i, why);
+      if (quantizes) model_->invalidate_fp8_weights();  // the capture recorded, not ran, the quantisation
+      return model_->forward_backward(mb_, ce_scale, aux_scale, slot, true, jitter_seed);
+    }
+    g = {exec, ce_scale, quantizes};
+  }
+  ops_.graph_launch(g.exec);
+  if (g.quantizes) model_->fp8_weights_refreshed();
+  return 0.0;  // no aux loss with graphs
+}
 
 TrainState Trainer::ckpt_state() {
   TrainState s{ops_, layout_, dense_, expert_, step_, loader_, world_, groups_->layout.dp_rank,
@@ -133,10 +175,11 @@ void Trainer::refresh_working_weights() {
 void Trainer::load_micro_batch(int64_t) {
   loader_.next(batch_);
   const size_t bytes = batch_.input_ids.size() * sizeof(int32_t);
-  ops_.upload(mb_.ids.data, batch_.input_ids.data(), bytes);
-  ops_.upload(mb_.labels.data, batch_.labels.data(), bytes);
-  ops_.upload(mb_.pos.data, batch_.positions.data(), bytes);
-  if (mb_.doc_ids.data) ops_.upload(mb_.doc_ids.data, batch_.doc_ids.data(), bytes);  // packed rows
+  // In stream order after the previous micro-batch's kernels, which read the same buffers.
+  ops_.upload_async(mb_.ids.data, batch_.input_ids.data(), bytes);
+  ops_.upload_async(mb_.labels.data, batch_.labels.data(), bytes);
+  ops_.upload_async(mb_.pos.data, batch_.positions.data(), bytes);
+  if (mb_.doc_ids.data) ops_.upload_async(mb_.doc_ids.data, batch_.doc_ids.data(), bytes);  // packed rows
   n_valid_ = std::count_if(batch_.labels.begin(), batch_.labels.end(), [](int32_t x) { return x >= 0; });
 }
 
@@ -169,6 +212,11 @@ void Trainer::start_grad_reduce(int part) {
 
 StepResult Trainer::train_step() {
   const int64_t acc = cfg_.grad_acc_steps;
+  if (graphs_warm_ && graphs_.empty() && graphs_usable()) {  // after one eager step: scratch sized, kernels loaded
+    graphs_.resize(static_cast<size_t>(acc));
+    graphs_on_ = true;
+    if (rank_ == 0) spdlog::info("cuda_graphs: each micro-batch's forward + backward captured once, then replayed");
+  }
   ops_.zero(dense_.grad);
   ops_.zero(expert_.grad);
   ops_.zero(loss_slots_);
@@ -187,8 +235,7 @@ StepResult Trainer::train_step() {
     TraceScope trace("micro_batch " + std::to_string(i));
     const bool overlap = i == acc - 1 && cfg_.parallelism.overlap_grad_reduce;
     if (overlap) model_->set_grads_done_hook([this](int part) { start_grad_reduce(part); });
-    aux_sum += model_->forward_backward(mb_, ce_scale, 1.f / static_cast<float>(micro_total),
-                                        loss_slots_.rows(i, 1), true, jitter_seed);
+    aux_sum += forward_backward_graphed(i, ce_scale, 1.f / static_cast<float>(micro_total), jitter_seed);
     if (overlap) model_->set_grads_done_hook({});
   }
   StepResult r;
@@ -241,6 +288,7 @@ StepResult Trainer::train_step() {
   all_gather_params(expert_shard_, expert_.master);
   refresh_working_weights();
   ++step_;
+  graphs_warm_ = true;
   return r;
 }
 
