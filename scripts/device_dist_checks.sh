@@ -229,9 +229,16 @@ for name in ("l0", "8x1b"):
     except OSError as e:
         print(name, e); continue
     tail = lambda v: sum(v[-20:]) / len(v[-20:])
+    # spikes: a loss above 1.3x the median of the previous 10 steps, after step 50 (step numbers 1-based)
+    spikes = lambda v: [i + 1 for i in range(50, len(v)) if v[i] > 1.3 * sorted(v[i - 10:i])[5]]
     print(f"{name}: steps bf16 {len(a)} mxfp8 {len(b)}; final (mean of last 20) bf16 {tail(a):.4f} mxfp8 {tail(b):.4f} "
-          f"rel diff {abs(tail(b) - tail(a)) / tail(a):.3%}; max loss after step 50 bf16 {max(a[50:]):.3f} mxfp8 {max(b[50:]):.3f}")
+          f"rel diff {abs(tail(b) - tail(a)) / tail(a):.3%}; max loss after step 50 bf16 {max(a[50:]):.3f} mxfp8 {max(b[50:]):.3f}; "
+          f"spikes bf16 {spikes(a)} mxfp8 {spikes(b)}")
 PY
+    python3 scripts/plot_compare.py -o "$OUT/mxfp8_convergence.png" \
+      "L0_sanity, 1 GPU, 300 steps:bf16=$OUT/conv_l0_bf16/metrics.jsonl,MXFP8=$OUT/conv_l0_mx/metrics.jsonl" \
+      "8x1B, seq 4096, 300 steps:bf16=$OUT/conv_8x1b_bf16/metrics.jsonl,MXFP8=$OUT/conv_8x1b_mx/metrics.jsonl" \
+      >"$OUT/plot.log" 2>&1 || echo "plot_compare.py failed (no matplotlib?): the curves are in $OUT/conv_*"
     add "convergence bf16 vs MXFP8" "$(tr '\n' ' ' <"$OUT/conv.txt" | cut -c1-300)"
     ;;
   fp8speed)
