@@ -149,6 +149,12 @@ void CudaOps::upload_async(void* dst, const void* host_src, size_t bytes) {
   cuda::check(cudaEventRecord(s.done, ctx_->stream), op, "event record");
 }
 
+size_t CudaOps::device_free_bytes() const {
+  size_t free_b = 0, total_b = 0;
+  cuda::check(cudaMemGetInfo(&free_b, &total_b), "device_free_bytes", "cudaMemGetInfo");
+  return free_b;
+}
+
 void CudaOps::capture_begin() {
   cuda::check(cudaStreamBeginCapture(ctx_->stream, cudaStreamCaptureModeThreadLocal), "capture_begin",
               "cudaStreamBeginCapture");

@@ -42,6 +42,7 @@ class CudaOps : public Ops {
   void upload(void* dst, const void* host_src, size_t bytes) override;
   void upload_async(void* dst, const void* host_src, size_t bytes) override;
   bool graphs_supported() const override { return true; }
+  size_t device_free_bytes() const override;
   void capture_begin() override;
   void* capture_end(std::string* why) override;
   void graph_launch(void* graph) override;

@@ -84,5 +84,24 @@ TEST(RecomputeExperts, L1PlanPerRank) {
   EXPECT_LT(plan({}), 139.0);
 }
 
+// The pre-flight check main() runs before allocating: a plan that leaves less than the headroom free fails with
+// the shortfall and the keys that shrink it (only those not yet set); one that fits passes; no device, no check.
+TEST(PlanFit, TooBigFailsEarlyNamingTheKeysThatShrinkIt) {
+  TrainConfig c = to_train_config(resolve_config(LoadOptions{"L1_8x7B_ep", "", {"recompute_experts=false"}}));
+  const MemoryPlan p = plan_memory(c, DType::BF16);
+  const size_t h200_free = size_t{139} << 30;
+  const std::string msg = plan_fit_problem(c, p, h200_free);
+  ASSERT_FALSE(msg.empty());
+  EXPECT_NE(msg.find("GiB per rank"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("recompute_experts=true"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("cache_columnwise_weights=false"), std::string::npos) << msg;  // L1 already sets it
+  EXPECT_EQ(plan_fit_problem(c, p, p.total_bytes() + kPlanHeadroom), "");
+  EXPECT_NE(plan_fit_problem(c, p, p.total_bytes() + kPlanHeadroom - 1), "");
+  EXPECT_EQ(plan_fit_problem(c, p, 0), "");
+  // The shipped L1 config fits an H200 (140.4 GiB, ~139 GiB free after the CUDA context) with the headroom.
+  const TrainConfig l1 = to_train_config(resolve_config(LoadOptions{"L1_8x7B_ep", "", {}}));
+  EXPECT_EQ(plan_fit_problem(l1, plan_memory(l1, DType::BF16), h200_free), "");
+}
+
 }  // namespace
 }  // namespace mxt::testing

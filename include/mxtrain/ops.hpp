@@ -59,6 +59,8 @@ class Ops {
   // the previous micro-batch to finish.
   virtual void upload_async(void* dst, const void* host_src, size_t bytes) { upload(dst, host_src, bytes); }
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+  // Free device memory now, in bytes (0: not a device backend, nothing to check against).
+  virtual size_t device_free_bytes() const { return 0; }
   // Graphs (CUDA graphs; backends without them return false / nullptr): between capture_begin and capture_end
   // the ops this thread enqueues are recorded, not run; capture_end returns a replayable graph, or nullptr when
   // the capture failed (an op that cannot be captured), with *why set. graph_launch enqueues one replay.

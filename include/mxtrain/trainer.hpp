@@ -120,5 +120,10 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype);
 // copies, quantised straight from the fp32 master ("persistent MXFP8 weights"; saves 2 bytes per expert param).
 bool has_expert_working_copy(const Fp8Config& fp8, DType act_dtype);
 std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p);
+// Before anything is allocated: whether the plan fits free_bytes of device memory with room for what it does not
+// count (NCCL's buffers, cuBLASLt, the ops' small scratch: kPlanHeadroom). Returns "" when it fits, else the
+// message to fail with (the shortfall, the largest items and the keys that shrink them). free_bytes 0: no check.
+inline constexpr size_t kPlanHeadroom = size_t{1} << 30;
+std::string plan_fit_problem(const TrainConfig& cfg, const MemoryPlan& p, size_t free_bytes);
 
 }  // namespace mxt

@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <new>
 
 #include "cpu/check.hpp"
@@ -30,6 +32,16 @@ void CpuOps::upload(void* dst, const void* host_src, size_t bytes) {
 
 void CpuOps::download(void* host_dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(host_dst, src, bytes);
+}
+
+size_t CpuOps::device_free_bytes() const {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;  // unknown: no check
 }
 
 void CpuOps::zero(const Tensor& t) {

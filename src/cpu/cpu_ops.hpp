@@ -15,6 +15,7 @@ class CpuOps : public Ops {
   void release(void* p) override;
   void upload(void* dst, const void* host_src, size_t bytes) override;
   void download(void* host_dst, const void* src, size_t bytes) override;
+  size_t device_free_bytes() const override;  // the host's MemAvailable: this backend's "device" is the host
   void synchronize() override {}
 
   void zero(const Tensor& t) override;

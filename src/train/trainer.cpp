@@ -532,4 +532,23 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
   return s;
 }
 
+std::string plan_fit_problem(const TrainConfig& cfg, const MemoryPlan& p, size_t free_bytes) {
+  if (free_bytes == 0 || p.total_bytes() + kPlanHeadroom <= free_bytes) return "";
+  auto gib = [](size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); };
+  std::string s = fmt::format(
+      "the memory plan needs {:.2f} GiB per rank (+{:.1f} GiB of headroom for NCCL, cuBLASLt and small scratch) "
+      "but only {:.2f} GiB are free: parameters and optimizer state {:.2f} GiB, MXFP8 weight copies {:.2f} "
+      "GiB, activations {:.2f} GiB, LM-head logits {:.2f} GiB. To shrink it:",
+      gib(p.total_bytes()), gib(kPlanHeadroom), gib(free_bytes), gib(p.param_bytes), gib(p.fp8_weight_bytes),
+      gib(p.activation_bytes), gib(p.scratch_bytes));
+  if (!cfg.recompute_experts) s += " recompute_experts=true (the experts' h13 and SwiGLU output rebuilt in the backward);";
+  if (cfg.fp8.enabled && cfg.fp8.cache_columnwise_weights)
+    s += " fp8_config.cache_columnwise_weights=false (dgrad weight copies one layer at a time);";
+  if (cfg.lm_head_chunk_tokens > 1024) s += " lm_head_chunk_tokens=1024;";
+  if (cfg.dataset.micro_batch_size > 1) s += " a smaller dataset.micro_batch_size;";
+  s += " more ranks (parallelism.ep_size / dp_size shard the experts and the optimizer state).";
+  s += " `--dry-run backend=cuda` prints the plan without a GPU.";
+  return s;
+}
+
 }  // namespace mxt
