@@ -17,9 +17,12 @@
 #include "mxtrain/data.hpp"
 #include "mxtrain/ops.hpp"
 #include "mxtrain/params.hpp"
+#include "tiny_config.hpp"
 
 namespace mxt {
 namespace {
+
+using mxt::testing::tiny_model;
 
 namespace fs = std::filesystem;
 using namespace ckpt;
@@ -57,19 +60,6 @@ TEST(CheckpointHash, StreamingEqualsOneShotAndEveryByteCounts) {
   }
 }
 
-ModelConfig tiny_model() {
-  ModelConfig m;
-  m.vocab_size = 256;
-  m.hidden_size = 32;
-  m.intermediate_size = 48;
-  m.num_hidden_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.num_local_experts = 4;
-  m.num_experts_per_tok = 2;
-  m.max_position_embeddings = 64;
-  return m;
-}
 
 TEST(CheckpointSegments, ExpertRangesMapOntoBlocksExactlyOnce) {
   const ParamLayout L = ParamLayout::build(tiny_model(), 2, 2);  // experts 2 and 3

@@ -10,9 +10,12 @@
 #include "mxtrain/model.hpp"
 #include "mxtrain/ops.hpp"
 #include "mxtrain/params.hpp"
+#include "tiny_config.hpp"
 
 namespace mxt {
 namespace {
+
+using mxt::testing::tiny_model;
 
 using FVec = std::vector<float>;
 using IVec = std::vector<int32_t>;
@@ -177,16 +180,7 @@ TEST(DataAttention, GradientMatchesFiniteDifferencesWithTheMask) {
 // ------------------------------------------------------------------------------------------ whole model
 
 ModelConfig tiny() {
-  ModelConfig m;
-  m.vocab_size = 40;
-  m.hidden_size = 16;
-  m.intermediate_size = 24;
-  m.num_hidden_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.num_local_experts = 4;
-  m.num_experts_per_tok = 2;
-  m.max_position_embeddings = 16;
+  ModelConfig m = tiny_model(40, 16, 24, 16);
   m.rope_theta = 10000;
   m.initializer_range = 0.3;
   return m;

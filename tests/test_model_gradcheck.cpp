@@ -9,21 +9,15 @@
 #include "mxtrain/model.hpp"
 #include "mxtrain/ops.hpp"
 #include "mxtrain/params.hpp"
+#include "tiny_config.hpp"
 
 namespace mxt {
 namespace {
 
-ModelConfig tiny_model() {
-  ModelConfig m;
-  m.vocab_size = 37;
-  m.hidden_size = 16;
-  m.intermediate_size = 24;
-  m.num_hidden_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.num_local_experts = 4;
-  m.num_experts_per_tok = 2;
-  m.max_position_embeddings = 16;
+using mxt::testing::tiny_model;
+
+ModelConfig gradcheck_model() {
+  ModelConfig m = tiny_model(37, 16, 24, 16);
   m.rope_theta = 10000;
   m.initializer_range = 0.3;  // large enough that every path carries a sizeable gradient
   return m;
@@ -113,17 +107,17 @@ void check_all_params(const ModelConfig& cfg) {
   }
 }
 
-TEST(ModelGradcheck, EveryParameterTensor) { check_all_params(tiny_model()); }
+TEST(ModelGradcheck, EveryParameterTensor) { check_all_params(gradcheck_model()); }
 
 TEST(ModelGradcheck, WithAuxLossAndRouterJitter) {
-  ModelConfig m = tiny_model();
+  ModelConfig m = gradcheck_model();
   m.router_aux_loss_coef = 0.5;  // large so its gradient is visible beside the CE gradient
   m.router_jitter_noise = 0.1;
   check_all_params(m);
 }
 
 TEST(ModelGradcheck, AuxLossMatchesHfFormula) {
-  ModelConfig m = tiny_model();
+  ModelConfig m = gradcheck_model();
   m.router_aux_loss_coef = 1.0;
   Harness h(m);
   const double total = h.loss();

@@ -17,6 +17,7 @@
 
 #include "mxtrain/params.hpp"
 #include "mxtrain/safetensors.hpp"
+#include "tiny_config.hpp"
 
 namespace fs = std::filesystem;
 using namespace mxt;
@@ -24,6 +25,8 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 namespace {
+
+using mxt::testing::tiny_model;
 
 class TempDir {
  public:
@@ -43,19 +46,7 @@ class TempDir {
   fs::path path_;
 };
 
-ModelConfig tiny_config() {
-  ModelConfig m;
-  m.vocab_size = 32;
-  m.hidden_size = 16;
-  m.intermediate_size = 24;
-  m.num_hidden_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.num_local_experts = 4;
-  m.num_experts_per_tok = 2;
-  m.max_position_embeddings = 64;
-  return m;
-}
+ModelConfig tiny_config() { return tiny_model(32, 16, 24); }
 
 struct Weights {
   ParamLayout layout;

@@ -10,17 +10,26 @@
 
 namespace mxt::testing {
 
+// The model alone: 2 layers, 4 heads over 2 KV heads, 4 experts top-2; the rest (RoPE base, init range) as the
+// ModelConfig defaults unless the test sets them.
+inline ModelConfig tiny_model(int64_t vocab = 256, int64_t hidden = 32, int64_t intermediate = 48,
+                              int64_t max_positions = 64) {
+  ModelConfig m;
+  m.vocab_size = vocab;
+  m.hidden_size = hidden;
+  m.intermediate_size = intermediate;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.num_local_experts = 4;
+  m.num_experts_per_tok = 2;
+  m.max_position_embeddings = max_positions;
+  return m;
+}
+
 inline TrainConfig tiny_config(const std::string& output_name, int64_t hidden = 32, int64_t intermediate = 48) {
   TrainConfig c;
-  c.model.vocab_size = 256;
-  c.model.hidden_size = hidden;
-  c.model.intermediate_size = intermediate;
-  c.model.num_hidden_layers = 2;
-  c.model.num_attention_heads = 4;
-  c.model.num_key_value_heads = 2;
-  c.model.num_local_experts = 4;
-  c.model.num_experts_per_tok = 2;
-  c.model.max_position_embeddings = 64;
+  c.model = tiny_model(256, hidden, intermediate);
   c.model.rope_theta = 10000;
   c.dataset.micro_batch_size = 2;
   c.dataset.max_seq_length = 32;
