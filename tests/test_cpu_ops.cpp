@@ -10,27 +10,19 @@
 #include <vector>
 
 #include "cpu/cpu_ops.hpp"
+#include "host_test_util.hpp"
 
 using mxt::DType;
 using mxt::Tensor;
 
 namespace {
 
-using FVec = std::vector<float>;
-using IVec = std::vector<int32_t>;
+using mxt::testing::FVec;
+using mxt::testing::IVec;
 
-FVec uniform(size_t n, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  FVec v(n);
-  for (auto& x : v) {
-    do x = d(rng);
-    while (x == 0.f);
-  }
-  return v;
-}
-
-Tensor F(FVec& v, std::initializer_list<int64_t> dims) { return Tensor(v.data(), DType::F32, dims); }
-Tensor I(IVec& v, std::initializer_list<int64_t> dims) { return Tensor(v.data(), DType::I32, dims); }
+using mxt::testing::F;
+using mxt::testing::I;
+using mxt::testing::uniform;
 
 class CpuOpsTest : public ::testing::Test {
  protected:
@@ -38,15 +30,7 @@ class CpuOpsTest : public ::testing::Test {
   std::mt19937 rng{1234};
 };
 
-template <class F>
-std::string invalid_argument_message(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "<nothing thrown>";
-}
+using mxt::testing::invalid_argument_message;
 
 }  // namespace
 

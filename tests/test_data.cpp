@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "data_test_util.hpp"
 #include "mxtrain/data.hpp"
 
 namespace fs = std::filesystem;
@@ -21,42 +22,9 @@ using mxt::DatasetConfig;
 
 namespace {
 
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "mxtrain_data_XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    dir_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string write(const std::string& name, const std::string& bytes) const {
-    const std::string p = (dir_ / name).string();
-    std::ofstream(p, std::ios::binary) << bytes;
-    return p;
-  }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
- private:
-  fs::path dir_;
-};
-
-std::vector<int32_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
-
-// Runs f, expects a DataError and returns its message (so tests can check what it names).
-template <class F>
-std::string data_error(F&& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a DataError";
-  return "";
-}
+using dtest::bytes_of;
+using dtest::data_error;
+using dtest::TempDir;
 
 std::string le16(std::initializer_list<uint32_t> v) {
   std::string s;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "host_test_util.hpp"
 #include "mxtrain/tensor.hpp"
 
 using mxt::DType;
@@ -12,14 +13,7 @@ using mxt::Tensor;
 
 namespace {
 
-std::string thrown_message(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "<nothing thrown>";
-}
+std::string thrown_message(const std::function<void()>& f) { return mxt::testing::invalid_argument_message(f); }
 
 }  // namespace
 
