@@ -101,6 +101,8 @@ TEST(Binary, DryRunPlansTheCudaRunWithoutAGpu) {
   EXPECT_THAT(r.output, HasSubstr("activations bf16"));
   EXPECT_THAT(r.output, HasSubstr("experts: none"));
   EXPECT_THAT(r.output, HasSubstr("MXFP8 weight copies"));
+  // L0_sanity: 128 tokens per micro-batch, all of whose logits fit the default chunk (4096 tokens)
+  EXPECT_THAT(r.output, HasSubstr("LM-head logits (128 tokens at a time, lm_head_chunk_tokens)"));
 }
 
 TEST(Binary, TrainsOnFastaAndRepeatsExactly) {

@@ -11,6 +11,7 @@
 #include "mxtrain/comm.hpp"
 #include "mxtrain/config.hpp"
 #include "mxtrain/data.hpp"
+#include "mxtrain/ops.hpp"
 #include "mxtrain/trainer.hpp"
 
 namespace mxt::testing {
@@ -82,6 +83,21 @@ TEST(RecomputeExperts, L1PlanPerRank) {
   }
   // An H200 has 140.4 GiB (143,771 MiB); the CUDA context, NCCL and the ops' own scratch need the rest.
   EXPECT_LT(plan({}), 139.0);
+}
+
+// The LM-head chunk the CUDA loss and the plan share: all tokens when they fit, else a multiple of 64 rows
+// (below 128 rows as asked), never empty.
+TEST(PlanFit, LmHeadChunkRows) {
+  EXPECT_EQ(lm_head_chunk_rows(4096, 4096), 4096);
+  EXPECT_EQ(lm_head_chunk_rows(128, 4096), 128);
+  EXPECT_EQ(lm_head_chunk_rows(4096, 1000), 960);
+  EXPECT_EQ(lm_head_chunk_rows(4096, 100), 100);
+  EXPECT_EQ(lm_head_chunk_rows(4000, 4000), 4000);  // one chunk: no rounding
+  EXPECT_EQ(lm_head_chunk_rows(4096, 1), 1);
+  EXPECT_EQ(lm_head_chunk_rows(7, 0), 1);
+  const TrainConfig c = to_train_config(resolve_config(LoadOptions{"L0_sanity", "", {"lm_head_chunk_tokens=64"}}));
+  const MemoryPlan p = plan_memory(c, DType::BF16);
+  EXPECT_EQ(p.scratch_bytes, size_t{64} * 128256 * 2 + 128 * sizeof(float));
 }
 
 // The pre-flight check main() runs before allocating: a plan that leaves less than the headroom free fails with
