@@ -60,8 +60,11 @@ struct TrainState {
   // ZeRO-1 (ParamShard): a role's AdamW moments hold elements [offset, offset + count) of its flat buffer
   // (moment i = flat element offset + i; count may run into the padding past numel). count < 0: unsharded,
   // the moments are as long as the buffer. Sharded ranks write exactly their shard (master, m and v).
+  // master_too: the master buffer is that shard as well (the trainer's dense master over several ranks), so a
+  // resume reads only the shard into it; otherwise the master is whole and read whole.
   struct Moments {
     int64_t offset = 0, count = -1;
+    bool master_too = false;
   };
   Moments dense_moments, expert_moments;
 };

@@ -208,8 +208,9 @@ void reduce_scatter_grads(const ParamShard& s, const Tensor& grad);
 // started (see Comm::reduce_spans): a range whose gradient is final can be reduced while the backward goes on.
 // Ranges that together cover the padded buffer once leave it as reduce_scatter_grads would.
 void start_reduce_grad_range(const ParamShard& s, const Tensor& grad, int64_t begin, int64_t end);
-// master = every replica's updated shard (in place).
-void all_gather_params(const ParamShard& s, const Tensor& master);
+// buf = every replica's shard, each from [offset, offset + shard) of its own buf (in place). buf: padded elements
+// of F32 (the expert master) or of the working dtype (the dense working copy, whose master is sharded).
+void all_gather_params(const ParamShard& s, const Tensor& buf);
 
 // ---- whole-model export under expert parallelism -----------------------------------------------------------
 

@@ -43,7 +43,8 @@ class Trainer {
   // One forward + backward of the first micro-batch, no update: writes into dir the gradients as an HF
   // checkpoint (grads/, HF names), logits.safetensors ("logits" [T, V] F32) and loss.json. For parity checks.
   void dump_first_batch(const std::string& dir);
-  // Host copies of the fp32 master weights.
+  // Host copies of the fp32 master weights (this rank's experts). Collective over all ranks when the dense master
+  // is sharded (world size > 1).
   void master_weights(std::vector<float>& dense, std::vector<float>& expert);
   // The HF checkpoint of save_final_model, into dir.
   void export_final_model(const std::string& dir);
@@ -80,6 +81,7 @@ class Trainer {
   double forward_backward_graphed(int64_t i, float ce_scale, float aux_scale, uint64_t jitter_seed);
   std::vector<MicroGraph> graphs_;
   bool graphs_on_ = false, graphs_warm_ = false;
+  bool dense_master_sharded_ = false;  // world > 1: each rank keeps only its ZeRO shard of the dense fp32 master
 
   TrainConfig cfg_;
   Ops& ops_;

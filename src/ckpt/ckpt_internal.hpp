@@ -69,7 +69,7 @@ struct WritePlan {
 };
 WritePlan plan_writes(const TrainState& s, int rank, int world);
 std::vector<Segment> write_segments(const TrainState& s, const WritePlan& w);
-// Everything this rank holds: full masters, the moments it keeps.
+// Everything this rank holds: the masters (whole, or its shard where they are sharded), the moments it keeps.
 std::vector<Segment> read_segments(const TrainState& s);
 // Copy every segment into host memory (synchronous; the step loop may change the buffers afterwards).
 void snapshot(Ops& ops, std::vector<Segment>& segs);

@@ -18,12 +18,14 @@ namespace {
 
 Tensor* role_buffer(FlatParams& f, int role) { return role == 0 ? &f.master : role == 1 ? &f.adam_m : &f.adam_v; }
 
-// Flat range [begin, end) of a role's buffer that this rank holds: masters whole, moments as sharded.
+// Flat range [begin, end) of a role's buffer that this rank holds: moments as sharded, masters whole unless
+// sharded too (master_too).
+bool whole(const TrainState::Moments& m, int role) { return m.count < 0 || (role == 0 && !m.master_too); }
 std::pair<int64_t, int64_t> held(const TrainState::Moments& m, int role, int64_t numel) {
-  if (role == 0 || m.count < 0) return {0, numel};
+  if (whole(m, role)) return {0, numel};
   return {std::min(m.offset, numel), std::min(m.offset + m.count, numel)};
 }
-int64_t shift_of(const TrainState::Moments& m, int role) { return role == 0 || m.count < 0 ? 0 : m.offset; }
+int64_t shift_of(const TrainState::Moments& m, int role) { return whole(m, role) ? 0 : m.offset; }
 
 }  // namespace
 

@@ -21,10 +21,12 @@ ParamShard make_param_shard(Comm* comm, int64_t numel) {
   return s;
 }
 
-static void check_buffer(const ParamShard& s, const Tensor& t, const char* fn) {
-  if (t.numel() != s.padded || t.dtype != DType::F32)
-    throw std::invalid_argument(std::string(fn) + ": expected an F32 buffer of " + std::to_string(s.padded) +
-                                " elements, got " + dtype_name(t.dtype) + " " + t.shape_str());
+static void check_buffer(const ParamShard& s, const Tensor& t, const char* fn, bool any_float = false) {
+  const bool type_ok = t.dtype == DType::F32 || (any_float && t.dtype == DType::BF16);
+  if (t.numel() != s.padded || !type_ok)
+    throw std::invalid_argument(std::string(fn) + ": expected an F32" + (any_float ? " or BF16" : "") +
+                                " buffer of " + std::to_string(s.padded) + " elements, got " + dtype_name(t.dtype) +
+                                " " + t.shape_str());
 }
 
 void reduce_scatter_grads(const ParamShard& s, const Tensor& grad) {
@@ -49,11 +51,11 @@ void start_reduce_grad_range(const ParamShard& s, const Tensor& grad, int64_t be
   s.comm->reduce_spans(spans, CommType::F32, true);
 }
 
-void all_gather_params(const ParamShard& s, const Tensor& master) {
+void all_gather_params(const ParamShard& s, const Tensor& buf) {
   if (!s.comm) return;
-  check_buffer(s, master, "all_gather_params");
-  float* m = static_cast<float*>(master.data);
-  s.comm->all_gather(m + s.offset, m, s.shard, CommType::F32);
+  check_buffer(s, buf, "all_gather_params", true);
+  char* b = static_cast<char*>(buf.data);
+  s.comm->all_gather(b + s.offset * static_cast<int64_t>(dtype_size(buf.dtype)), b, s.shard, comm_type(buf.dtype));
 }
 
 }  // namespace mxt

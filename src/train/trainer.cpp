@@ -48,14 +48,22 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   ops_.set_lm_head_chunk_tokens(cfg.lm_head_chunk_tokens);
   dense_shard_ = make_param_shard(groups_->world.get(), layout_.dense_numel);
   expert_shard_ = make_param_shard(groups_->dp.get(), layout_.expert_numel);
+  // Over several ranks the dense fp32 master is sharded like its AdamW moments: each rank keeps the shard it
+  // updates, and the working copy (padded, in the activation dtype; fp32 on the CPU backend) is all-gathered.
+  dense_master_sharded_ = dense_shard_.comm != nullptr;
   for (auto* fp : {&dense_, &expert_}) {
     const ParamShard& sh = fp == &dense_ ? dense_shard_ : expert_shard_;
     const std::string p = fp == &dense_ ? "dense." : "expert.";
-    state_.add(fp->master, p + "master", F, {sh.padded});
+    const bool sharded = fp == &dense_ && dense_master_sharded_;
+    state_.add(fp->master, p + "master", F, {sharded ? sh.shard : sh.padded});
     state_.add(fp->grad, p + "grad", F, {sh.padded});
     state_.add(fp->adam_m, p + "adam_m", F, {sh.shard});
     state_.add(fp->adam_v, p + "adam_v", F, {sh.shard});
     fp->shard_offset = sh.offset;
+    if (sharded) {
+      state_.add(fp->working, p + "working", ops.act_dtype(), {sh.padded});
+      continue;
+    }
     const bool working = fp == &dense_ ? ops.act_dtype() != F : has_expert_working_copy(cfg.fp8, ops.act_dtype());
     if (working) state_.add(fp->working, p + "working", ops.act_dtype(), {sh.numel});
   }
@@ -67,7 +75,7 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   state_.add(norm_acc_, "grad_norm_sq", F, {1});
   state_.finalize(ops_);
   if (ops.act_dtype() == F) {
-    dense_.working = dense_.master;
+    if (!dense_master_sharded_) dense_.working = dense_.master;
     expert_.working = expert_.master;
   }
   // else without an expert working copy (MXFP8 on bf16) expert_.working stays empty: the model reads the
@@ -86,9 +94,14 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   }
   const double init_s = secs(t0);
   t0 = clock::now();
-  ops_.upload(dense_.master.data, dense.data(), dense.size() * sizeof(float));
+  if (dense_master_sharded_) {  // this rank's shard (its part past dense_numel is padding, left zero)
+    const int64_t n = std::clamp<int64_t>(layout_.dense_numel - dense_shard_.offset, 0, dense_shard_.shard);
+    ops_.upload(dense_.master.data, dense.data() + dense_shard_.offset, static_cast<size_t>(n) * sizeof(float));
+  } else {
+    ops_.upload(dense_.master.data, dense.data(), dense.size() * sizeof(float));
+  }
   ops_.upload(expert_.master.data, expert.data(), expert.size() * sizeof(float));
-  refresh_working_weights();
+  refresh_working_weights();  // with a sharded dense master: the working copy all-gathered from the shards
   ops_.synchronize();
   const double upload_s = secs(t0);
   const double upload_gb = static_cast<double>(dense.size() + expert.size()) * sizeof(float) / 1e9;
@@ -160,14 +173,18 @@ double Trainer::forward_backward_graphed(int64_t i, float ce_scale, float aux_sc
 TrainState Trainer::ckpt_state() {
   TrainState s{ops_, layout_, dense_, expert_, step_, loader_, world_, groups_->layout.dp_rank,
                groups_->layout.dp_size, {}, {}};
-  if (dense_shard_.comm) s.dense_moments = {dense_shard_.offset, dense_shard_.shard};  // ZeRO-1
+  if (dense_shard_.comm) s.dense_moments = {dense_shard_.offset, dense_shard_.shard, dense_master_sharded_};  // ZeRO
   if (expert_shard_.comm) s.expert_moments = {expert_shard_.offset, expert_shard_.shard};
   return s;
 }
 
 void Trainer::refresh_working_weights() {
+  if (dense_master_sharded_) {  // this rank's updated shard, then everyone's
+    ops_.copy(dense_.master, dense_.working.rows(dense_shard_.offset, dense_shard_.shard));
+    all_gather_params(dense_shard_, dense_.working);
+  }
   for (FlatParams* fp : {&dense_, &expert_})  // (no expert working copy with MXFP8 on bf16: nothing to copy)
-    if (fp->working.data && fp->working.data != fp->master.data)
+    if (!(fp == &dense_ && dense_master_sharded_) && fp->working.data && fp->working.data != fp->master.data)
       ops_.copy(fp->master.rows(0, fp->working.numel()), fp->working);
   if (model_) model_->invalidate_fp8_weights();  // MXFP8 copies are re-quantised by the next forward
 }
@@ -280,13 +297,12 @@ StepResult Trainer::train_step() {
   s.weight_decay = static_cast<float>(cfg_.adamw.weight_decay);
   s.step = step_ + 1;
   s.grad_scale = static_cast<float>(clip);
-  ops_.adamw_step(dense_.master.rows(dense_shard_.offset, dense_shard_.shard), dense_g, dense_.adam_m,
-                  dense_.adam_v, s);
+  ops_.adamw_step(dense_master_sharded_ ? dense_.master : dense_.master.rows(dense_shard_.offset, dense_shard_.shard),
+                  dense_g, dense_.adam_m, dense_.adam_v, s);
   ops_.adamw_step(expert_.master.rows(expert_shard_.offset, expert_shard_.shard), expert_g, expert_.adam_m,
                   expert_.adam_v, s);
-  all_gather_params(dense_shard_, dense_.master);
   all_gather_params(expert_shard_, expert_.master);
-  refresh_working_weights();
+  refresh_working_weights();  // the dense master's shards reach the other ranks through the working copy
   ++step_;
   graphs_warm_ = true;
   return r;
@@ -369,14 +385,24 @@ void Trainer::log_device_memory() {
 void Trainer::master_weights(std::vector<float>& dense, std::vector<float>& expert) {
   dense.resize(layout_.dense_numel);
   expert.resize(layout_.expert_numel);
-  ops_.download(dense.data(), dense_.master.data, dense.size() * sizeof(float));
+  if (dense_master_sharded_) {  // collective: the shards gathered into a temporary full buffer
+    const ParamShard& sh = dense_shard_;
+    const Tensor full(ops_.alloc(static_cast<size_t>(sh.padded) * sizeof(float)), DType::F32, {sh.padded},
+                      ops_.device());
+    ops_.copy(dense_.master, full.rows(sh.offset, sh.shard));
+    all_gather_params(sh, full);
+    ops_.download(dense.data(), full.data, dense.size() * sizeof(float));
+    ops_.release(full.data);
+  } else {
+    ops_.download(dense.data(), dense_.master.data, dense.size() * sizeof(float));
+  }
   ops_.download(expert.data(), expert_.master.data, expert.size() * sizeof(float));
 }
 
 void Trainer::export_final_model(const std::string& dir) {
-  if (groups_->layout.dp_rank != 0) return;  // DP replicas hold the same weights as the first EP group
   std::vector<float> dense, expert;
-  master_weights(dense, expert);
+  master_weights(dense, expert);  // collective over every rank (the dense master is sharded)
+  if (groups_->layout.dp_rank != 0) return;  // DP replicas hold the same weights as the first EP group
   ParamLayout layout = layout_;
   if (groups_->layout.ep_size > 1) {  // each EP rank holds a slice of the experts: collect them on rank 0
     std::vector<float> all;
@@ -473,8 +499,14 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
            static_cast<size_t>(n) * working;
   };
   const int64_t world = cfg.parallelism.dp_size * cfg.parallelism.ep_size;
-  p.param_bytes = bytes(layout.dense_numel, world, dense_working) +
-                  bytes(layout.expert_numel, cfg.parallelism.dp_size, expert_working);
+  // Over several ranks the dense master is this rank's shard only and the working copy is padded, in the
+  // activation dtype even on an F32 backend (Trainer: dense_master_sharded_).
+  auto dense_bytes = [&](int64_t n) {
+    if (world == 1) return bytes(n, 1, dense_working);
+    const int64_t shard = (n + world - 1) / world;
+    return static_cast<size_t>(shard * world) * (sizeof(float) + act) + static_cast<size_t>(shard) * 3 * sizeof(float);
+  };
+  p.param_bytes = dense_bytes(layout.dense_numel) + bytes(layout.expert_numel, cfg.parallelism.dp_size, expert_working);
   p.expert_working_bytes = static_cast<size_t>(layout.expert_numel) * expert_working;
   p.act_dtype = act_dtype;
   const ExpertParallel ep{nullptr, nullptr, 0, static_cast<int>(cfg.parallelism.ep_size),
@@ -500,8 +532,11 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
   auto gib = [](size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); };
   // What the parameter line holds besides the fp32 state: the working copies the forward reads.
   const std::string act = dtype_name(p.act_dtype);
+  const bool sharded = cfg.parallelism.dp_size * cfg.parallelism.ep_size > 1;
   const std::string working =
-      p.act_dtype == DType::F32 ? " (the master is the working copy)"
+      p.act_dtype == DType::F32 ? (sharded ? " + fp32 working copy of the dense weights (the experts' master is their "
+                                             "working copy)"
+                                           : " (the master is the working copy)")
       : p.expert_working_bytes  ? " + " + act + " working copy"
                                 : " + " + act + " working copy of the dense weights (experts: none, their MXFP8 "
                                   "copies are quantised from the fp32 master)";
@@ -509,14 +544,15 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       "memory plan per rank (ep_size {}, dp_size {}, micro-batch {} x seq {}, activations {}):\n"
       "  parameters: {:.3f} B dense + {:.3f} B expert (this rank's {} of {} experts)\n"
       "  fp32 master + grads + AdamW{}: {:.2f} GiB (AdamW moments: ZeRO-1 shards over {} ranks "
-      "dense, {} expert)\n"
+      "dense{}, {} expert)\n"
       "{}"
       "  activations (arena{}): {:.2f} GiB\n"
       "  LM-head logits ({} tokens at a time, lm_head_chunk_tokens): {:.2f} GiB\n"
       "  total: {:.2f} GiB\n  largest activation buffers:\n",
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
       act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts, working,
-      gib(p.param_bytes), cfg.parallelism.dp_size * cfg.parallelism.ep_size, cfg.parallelism.dp_size,
+      gib(p.param_bytes), cfg.parallelism.dp_size * cfg.parallelism.ep_size,
+      cfg.parallelism.dp_size * cfg.parallelism.ep_size > 1 ? " with its fp32 master" : "", cfg.parallelism.dp_size,
       p.fp8_weight_bytes ? fmt::format("  MXFP8 weight copies (E4M3 {}, {}): {:.2f} GiB\n",
                                        cfg.fp8.cache_columnwise_weights
                                            ? "rowwise + columnwise"

@@ -186,8 +186,10 @@ int main(int argc, char** argv) {
   t.master_weights(got.dense, got.expert);
 
   // Sharding really happened: AdamW moments are this rank's slice only.
-  if (world > 1)
+  if (world > 1) {
     check(t.dense().adam_m.numel() < t.layout().dense_numel, "dense AdamW moments are not sharded");
+    check(t.dense().master.numel() < t.layout().dense_numel, "the dense fp32 master is not sharded");
+  }
   if (L.dp_size > 1)
     check(t.expert().adam_m.numel() < t.layout().expert_numel, "expert AdamW moments are not sharded");
   double worst_loss = 0, worst_norm = 0;
