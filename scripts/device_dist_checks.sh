@@ -8,6 +8,7 @@
 #   ep8x1b    8x1B (seq 4096, mbs 1): 1 GPU with grad_acc 16 vs EP=2 on 2 GPUs with grad_acc 8 (the same global
 #             batch), 5 steps: losses side by side, tokens/s per GPU, NCCL time (MXTRAIN_COMM_TIMING=1)
 #   kill      L0_sanity EP=2 on 2 GPUs, rank 1 SIGKILLed mid-run: the job ends with a message naming it
+#   resume2   L0_sanity EP=2 on 2 GPUs: determinism, 10 steps + resume for 10, the final HF export
 #   resume    L0_sanity on 1 GPU: two straight 20-step runs (determinism), then 10 steps + resume for 10
 #   ckpt8x1b  8x1B on 1 GPU: async save at step 2, then resume from it: save, stall and load times
 #   profile8x1b  8x1B on 1 GPU, one micro-batch and one optimizer step under ncu (kernel durations only): GPU
@@ -116,6 +117,23 @@ for section in "$@"; do
     MXT_KILL_ARGS="backend=cuda logger.frequency=1" timeout 200 bash tests/mpi/kill_rank.sh "$MX" kill \
       >"$OUT/kill_gpu.log" 2>&1
     add "GPU kill rank 1 (EP=2)" "rc=$? $(grep -o 'job ended.*' "$OUT/kill_gpu.log")"
+    ;;
+  resume2)
+    # The same on 2 GPUs, EP=2 (the dense fp32 master sharded over the ranks, the bf16 working copy all-gathered):
+    # two straight runs, then 10 steps + a resume for 10 more.
+    L0="--config-name L0_sanity backend=cuda logger.frequency=1 checkpoint.save_final_model=false"
+    "${MPIRUN[@]}" -np 2 "$MX" $L0 num_train_steps=20 output_dir="$OUT/res2_a" >"$OUT/res2_a.log" 2>&1
+    add "EP=2 L0 20 steps" "rc=$?"
+    "${MPIRUN[@]}" -np 2 "$MX" $L0 num_train_steps=20 output_dir="$OUT/res2_b" >"$OUT/res2_b.log" 2>&1
+    R="$L0 output_dir=$OUT/res2_c checkpoint.ckpt_dir=/tmp/res2_ckpt checkpoint.save_every_n_steps=10"
+    "${MPIRUN[@]}" -np 2 "$MX" $R num_train_steps=10 >"$OUT/res2_c1.log" 2>&1
+    "${MPIRUN[@]}" -np 2 "$MX" $R num_train_steps=20 checkpoint.save_final_model=true >"$OUT/res2_c2.log" 2>&1
+    add "EP=2 L0 10 + resume 10, final export" "rc=$?"
+    metrics straight1="$OUT/res2_a/metrics.jsonl" straight2="$OUT/res2_b/metrics.jsonl" | tail -1 | tee "$OUT/res2_cmp.txt"
+    metrics straight1="$OUT/res2_a/metrics.jsonl" resumed="$OUT/res2_c/metrics.jsonl" | tail -1 | tee -a "$OUT/res2_cmp.txt"
+    add "EP=2 determinism (2 runs)" "$(sed -n 1p "$OUT/res2_cmp.txt")"
+    add "EP=2 resume 10+10 vs 20" "$(sed -n 2p "$OUT/res2_cmp.txt")"
+    ls /tmp/res2_ckpt/final_model 2>&1 | head -3
     ;;
   resume)
     L0="--config-name L0_sanity parallelism.ep_size=1 backend=cuda logger.frequency=1 checkpoint.save_final_model=false"
