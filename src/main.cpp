@@ -49,11 +49,7 @@ int run(const mxt::CliOptions& opt, int rank, int world) {
   std::string why;
   auto ops = mxt::make_backend(cfg.backend, why, device);
   mxt::validate_for_run(cfg, world);
-  // Fail in seconds, not after minutes of weight initialisation, when the plan cannot fit this rank's device
-  // (CPU ranks share the host's memory with the other ranks on the node).
-  const size_t free_bytes = ops->device_free_bytes() / (ops->device() == mxt::Device::CUDA ? 1 : node.local_size);
-  const std::string no_fit = mxt::plan_fit_problem(cfg, mxt::plan_memory(cfg, *ops), free_bytes);
-  if (!no_fit.empty()) throw mxt::ConfigError("rank " + std::to_string(rank) + ": " + no_fit);
+  const mxt::MemoryPlan plan = mxt::plan_memory(cfg, *ops);
   if (!opt.dump_dir.empty() && world > 1)
     throw mxt::ConfigError("--dump runs on one rank; run it without mpirun and with parallelism.ep_size=1");
   if (rank == 0) {
@@ -62,8 +58,13 @@ int run(const mxt::CliOptions& opt, int rank, int world) {
       spdlog::info("{} ranks: dp_size {} x ep_size {} (EP groups = consecutive ranks), collectives on {}, "
                    "timeout {} s", world, cfg.parallelism.dp_size, cfg.parallelism.ep_size,
                    ops->device() == mxt::Device::CUDA ? "NCCL" : "MPI", cfg.parallelism.timeout_s);
-    std::fputs(mxt::format_memory_plan(cfg, mxt::plan_memory(cfg, *ops)).c_str(), stdout);
+    std::fputs(mxt::format_memory_plan(cfg, plan).c_str(), stdout);
   }
+  // Fail in seconds, not after minutes of weight initialisation, when the plan cannot fit this rank's device
+  // (CPU ranks share the host's memory with the other ranks on the node).
+  const size_t free_bytes = ops->device_free_bytes() / (ops->device() == mxt::Device::CUDA ? 1 : node.local_size);
+  const std::string no_fit = mxt::plan_fit_problem(cfg, plan, free_bytes);
+  if (!no_fit.empty()) throw mxt::ConfigError("rank " + std::to_string(rank) + ": " + no_fit);
   mxt::Corpus tokens = mxt::open_corpus(cfg.dataset, cfg.model.vocab_size);
   if (rank == 0)
     spdlog::info("dataset ({}{}): {} tokens in {} documents\n{}", cfg.dataset.source,

@@ -3,18 +3,14 @@
 #include <string>
 
 #include "mxtrain/config.hpp"
+#include "thrown_message.hpp"
 
 namespace mxt {
 
 // The ConfigError message `f` throws, or a marker that it threw none.
 template <class F>
 std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "<no ConfigError thrown>";
+  return testing::thrown_message<ConfigError>(f, "<no ConfigError thrown>");
 }
 
 }  // namespace mxt

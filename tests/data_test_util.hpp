@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mxtrain/data.hpp"
+#include "thrown_message.hpp"
 
 namespace dtest {
 
@@ -59,11 +60,9 @@ inline std::string read_bytes(const std::string& p) {
 // Runs f, expects a DataError and returns its message (so tests can check what it names).
 template <class F>
 std::string data_error(F&& f) {
-  try {
-    f();
-  } catch (const mxt::DataError& e) {
-    return e.what();
-  }
+  const std::string none = "<no DataError thrown>";
+  const std::string m = mxt::testing::thrown_message<mxt::DataError>(f, none);
+  if (m != none) return m;
   ADD_FAILURE() << "expected a DataError";
   return "";
 }

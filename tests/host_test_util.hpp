@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mxtrain/tensor.hpp"
+#include "thrown_message.hpp"
 
 namespace mxt::testing {
 
@@ -31,12 +32,7 @@ inline Tensor I(IVec& v, std::initializer_list<int64_t> dims) { return Tensor(v.
 
 template <class Fn>
 std::string invalid_argument_message(Fn&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "<nothing thrown>";
+  return thrown_message<std::invalid_argument>(f);
 }
 
 }  // namespace mxt::testing

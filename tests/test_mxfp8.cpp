@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mxtrain/mxfp8.hpp"
+#include "thrown_message.hpp"
 
 namespace mxt::mxfp8 {
 namespace {
@@ -21,14 +22,7 @@ namespace {
 const float kInf = std::numeric_limits<float>::infinity();
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-std::string thrown(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "<nothing thrown>";
-}
+std::string thrown(const std::function<void()>& f) { return mxt::testing::thrown_message<std::invalid_argument>(f); }
 
 // The nearest finite FP8 value to x by search over all codes (ties to the even code), saturating above max:
 // an oracle independent of encode's bit arithmetic. Returns the positive code; the caller adds the sign.

@@ -50,6 +50,9 @@ class Trainer {
   void export_final_model(const std::string& dir);
 
   int64_t step() const { return step_; }
+  // Whether micro-batches are replayed as captured graphs (cuda_graphs, from the second step; false after a
+  // capture failed and the trainer went back to eager).
+  bool replaying_graphs() const { return graphs_on_; }
   MixtralModel& model() { return *model_; }
   const ParamLayout& layout() const { return layout_; }
   FlatParams& dense() { return dense_; }
@@ -109,6 +112,7 @@ struct MemoryPlan {
   size_t expert_working_bytes = 0;  // part of param_bytes: the experts' working copy (0 if none)
   DType act_dtype = DType::F32;     // the backend's activation / working-weight dtype the plan is for
   size_t scratch_bytes = 0;  // the ops' own temporaries: the LM-head loss's logits chunk and per-token losses
+  int64_t lm_head_rows = 0;  // tokens per LM-head chunk (lm_head_chunk_rows)
   std::vector<std::pair<std::string, size_t>> largest;  // biggest activation buffers
   size_t total_bytes() const { return param_bytes + fp8_weight_bytes + activation_bytes + scratch_bytes; }
 };

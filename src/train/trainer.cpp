@@ -179,13 +179,17 @@ TrainState Trainer::ckpt_state() {
 }
 
 void Trainer::refresh_working_weights() {
+  // (no expert working copy with MXFP8 on bf16, none apart from the master on F32: nothing to copy)
+  auto copy_whole = [&](FlatParams& fp) {
+    if (fp.working.data && fp.working.data != fp.master.data) ops_.copy(fp.master.rows(0, fp.working.numel()), fp.working);
+  };
   if (dense_master_sharded_) {  // this rank's updated shard, then everyone's
     ops_.copy(dense_.master, dense_.working.rows(dense_shard_.offset, dense_shard_.shard));
     all_gather_params(dense_shard_, dense_.working);
+  } else {
+    copy_whole(dense_);
   }
-  for (FlatParams* fp : {&dense_, &expert_})  // (no expert working copy with MXFP8 on bf16: nothing to copy)
-    if (!(fp == &dense_ && dense_master_sharded_) && fp->working.data && fp->working.data != fp->master.data)
-      ops_.copy(fp->master.rows(0, fp->working.numel()), fp->working);
+  copy_whole(expert_);
   if (model_) model_->invalidate_fp8_weights();  // MXFP8 copies are re-quantised by the next forward
 }
 
@@ -518,8 +522,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
   p.fp8_weight_bytes = planned.mx_weight_arena().total_bytes();
   // The LM-head loss's logits chunk (the backend's activation dtype) and its per-token losses.
   const int64_t T = cfg.dataset.micro_batch_size * cfg.dataset.max_seq_length;
-  p.scratch_bytes = static_cast<size_t>(lm_head_chunk_rows(T, cfg.lm_head_chunk_tokens) * cfg.model.vocab_size) * act +
-                    static_cast<size_t>(T) * sizeof(float);
+  p.lm_head_rows = lm_head_chunk_rows(T, cfg.lm_head_chunk_tokens);
+  p.scratch_bytes = static_cast<size_t>(p.lm_head_rows * cfg.model.vocab_size) * act + static_cast<size_t>(T) * sizeof(float);
   std::vector<std::pair<std::string, size_t>> all;
   for (const auto& e : planned.arena().entries()) all.emplace_back(e.name, e.bytes);
   std::sort(all.begin(), all.end(), [](auto& a, auto& b) { return a.second > b.second; });
@@ -528,11 +532,15 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
   return p;
 }
 
+namespace {
+double gib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
+}  // namespace
+
 std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
-  auto gib = [](size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); };
   // What the parameter line holds besides the fp32 state: the working copies the forward reads.
   const std::string act = dtype_name(p.act_dtype);
-  const bool sharded = cfg.parallelism.dp_size * cfg.parallelism.ep_size > 1;
+  const int64_t world = cfg.parallelism.dp_size * cfg.parallelism.ep_size;
+  const bool sharded = world > 1;  // the dense master too (Trainer: dense_master_sharded_)
   const std::string working =
       p.act_dtype == DType::F32 ? (sharded ? " + fp32 working copy of the dense weights (the experts' master is their "
                                              "working copy)"
@@ -551,8 +559,7 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       "  total: {:.2f} GiB\n  largest activation buffers:\n",
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
       act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts, working,
-      gib(p.param_bytes), cfg.parallelism.dp_size * cfg.parallelism.ep_size,
-      cfg.parallelism.dp_size * cfg.parallelism.ep_size > 1 ? " with its fp32 master" : "", cfg.parallelism.dp_size,
+      gib(p.param_bytes), world, sharded ? " with its fp32 master" : "", cfg.parallelism.dp_size,
       p.fp8_weight_bytes ? fmt::format("  MXFP8 weight copies (E4M3 {}, {}): {:.2f} GiB\n",
                                        cfg.fp8.cache_columnwise_weights
                                            ? "rowwise + columnwise"
@@ -561,16 +568,13 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
                                        gib(p.fp8_weight_bytes))
                          : std::string(),
       cfg.recompute_experts ? "; the experts' h13 and SwiGLU output recomputed in the backward" : "",
-      gib(p.activation_bytes),
-      lm_head_chunk_rows(cfg.dataset.micro_batch_size * cfg.dataset.max_seq_length, cfg.lm_head_chunk_tokens),
-      gib(p.scratch_bytes), gib(p.total_bytes()));
+      gib(p.activation_bytes), p.lm_head_rows, gib(p.scratch_bytes), gib(p.total_bytes()));
   for (const auto& [name, bytes] : p.largest) s += fmt::format("    {:<28} {:10.1f} MiB\n", name, bytes / 1048576.0);
   return s;
 }
 
 std::string plan_fit_problem(const TrainConfig& cfg, const MemoryPlan& p, size_t free_bytes) {
   if (free_bytes == 0 || p.total_bytes() + kPlanHeadroom <= free_bytes) return "";
-  auto gib = [](size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); };
   std::string s = fmt::format(
       "the memory plan needs {:.2f} GiB per rank (+{:.1f} GiB of headroom for NCCL, cuBLASLt and small scratch) "
       "but only {:.2f} GiB are free: parameters and optimizer state {:.2f} GiB, MXFP8 weight copies {:.2f} "

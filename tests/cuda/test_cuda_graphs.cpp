@@ -19,6 +19,7 @@ namespace {
 struct TrainedRun {
   std::vector<double> losses;
   std::vector<float> dense, expert;
+  bool replayed = false;
 };
 
 TrainedRun train(TrainConfig c, bool graphs) {
@@ -27,6 +28,7 @@ TrainedRun train(TrainConfig c, bool graphs) {
   Trainer t(c, *gpu, embedded_corpus_tokens());
   TrainedRun r;
   r.losses = t.run();
+  r.replayed = t.replaying_graphs();
   t.master_weights(r.dense, r.expert);
   return r;
 }
@@ -46,6 +48,8 @@ TEST(CudaGraphs, ReplayGivesTheEagerStepsBitForBit) {
     c.fp8.enabled = k.fp8;
     c.dataset.sequence_packing = k.packing;
     const TrainedRun eager = train(c, false), graphed = train(c, true);
+    EXPECT_FALSE(eager.replayed);
+    ASSERT_TRUE(graphed.replayed) << "the capture failed (see the warning): nothing was replayed";
     ASSERT_EQ(eager.losses.size(), graphed.losses.size());
     for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_EQ(eager.losses[i], graphed.losses[i]) << "step " << i + 1;
     EXPECT_NE(eager.losses.front(), eager.losses.back());  // it trained
