@@ -107,6 +107,7 @@ struct Params {
   int32_t m_fast;   // wgrad: item order, m-tile fastest
   int32_t prefetch; // wgrad: prefetch each dW tile into L2 (bulk copies) before the TMA adds to it
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing
+  int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC)
   void* out;        // y / dx (bf16, [R, N]) or dW (f32, [E, M, N])
 };
 
@@ -114,6 +115,15 @@ __device__ __forceinline__ void st_bf16x2(bf16* p, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
 
 __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
@@ -339,6 +349,35 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const Sched& sc, 
           bulk_commit_group();
         }
       }
+    } else if (p.tma_store && it.row0 + 64 * cw + 64 <= it.row_hi) {
+      // The warpgroup's 64 rows all belong to the expert: 64 x 32 bf16 boxes through the same ring, stored by
+      // the TMA (columns past N clipped), so the consumers start the next item while the stores drain.
+      int r0 = warp * 16 + lane / 4;
+      uint32_t boxes = smem + C::kOffEpi + cw * kEpiBufs * kEpiBox;
+      asm volatile("" : "+r"(r0), "+r"(boxes));
+      const int wt = ct % 128;
+      const uint32_t bar_id = 2 + cw;
+#pragma unroll
+      for (int c = 0; c < BN / 32; ++c) {
+        const int b = epi_box;
+        epi_box = epi_box + 1 == kEpiBufs ? 0 : epi_box + 1;
+        if (wt == 0) bulk_wait_group_read<kEpiBufs - 1>();
+        named_barrier_sync(bar_id, 128);
+        const uint32_t box = boxes + b * kEpiBox;
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          // bf16 pairs: 4-byte words at the fp32 box's word positions (64-byte rows either way).
+          const int q = 4 * (4 * c + jj), col = 4 * jj + lane % 4;
+          st_shared_b32(box + epi_offset(r0, col), pack_bf16x2(acc[q], acc[q + 1]));
+          st_shared_b32(box + epi_offset(r0 + 8, col), pack_bf16x2(acc[q + 2], acc[q + 3]));
+        }
+        fence_proxy_async_smem();
+        named_barrier_sync(bar_id, 128);
+        if (wt == 0) {
+          tma_store_2d(mC, boxes + b * kEpiBox, it.n0 + 32 * c, it.row0 + 64 * cw);
+          bulk_commit_group();
+        }
+      }
     } else {
       const int64_t N = p.N;
       bf16* out = static_cast<bf16*>(p.out);
@@ -418,8 +457,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     setmaxnreg_inc<kConsumerRegs>();
     consume<kMode, BN, kCl>(&tmC, sc, p, smem_ptr, smem, full, empty, rank, unit0, units_stride);
-    // Wgrad: the epilogue boxes stay allocated until the TMA has read them (as CUTLASS's TMA store epilogue).
-    if (kMode == Mode::kWgrad && tid % 128 == 0) bulk_wait_group_read<0>();
+    // The epilogue boxes stay allocated until the TMA has read them (as CUTLASS's TMA store epilogue).
+    if (tid % 128 == 0) bulk_wait_group_read<0>();
   }
   // No CTA may exit while its peer can still arrive on its barriers. Every thread gets here (no early return).
   if constexpr (kCl > 1) cluster_sync();
@@ -433,6 +472,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 std::atomic<int> g_impl_override{static_cast<int>(GroupedImpl::Auto)};
 std::atomic<int> g_tile_n{0};
 std::atomic<int> g_cluster{0};
+std::atomic<int> g_store{0};  // 0: env, 1: TMA stores, 2: direct stores
 thread_local const char* g_last_impl = "none";
 
 GroupedImpl env_impl() {
@@ -467,6 +507,19 @@ int cluster_size() {
     if (s == nullptr || *s == 0 || !std::strcmp(s, "1")) return 1;
     if (!std::strcmp(s, "2")) return 2;
     cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_CLUSTER must be 1 or 2, got '") + s + "'");
+  }();
+  return v;
+}
+
+// Forward / dgrad epilogue: TMA stores (default; env MXTRAIN_GG_STORE=tma) or direct register stores (direct).
+bool store_epilogue() {
+  const int o = g_store.load();
+  if (o != 0) return o == 1;
+  static const bool v = [] {
+    const char* s = std::getenv("MXTRAIN_GG_STORE");
+    if (s == nullptr || *s == 0 || !std::strcmp(s, "tma")) return true;
+    if (!std::strcmp(s, "direct")) return false;
+    cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_STORE must be tma or direct, got '") + s + "'");
   }();
   return v;
 }
@@ -608,7 +661,15 @@ bool try_rows(const char* op, const bf16* in, const bf16* W, const int32_t* off,
   p.n_units = static_cast<int32_t>(n_units);
   p.out = out;
   p.fault = fault_injection();
-  launch_cfg<kMode>(op, ma, mb, ma, p, max_units, ctx, bn, cl);  // no third map: the epilogue stores directly
+  // y / dx [R, N] bf16, stored in 32-column x 64-row boxes (64-byte rows, 64-byte swizzle).
+  const cuuint64_t c_dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(R)};
+  const cuuint64_t c_strides[1] = {static_cast<cuuint64_t>(N) * 2};
+  const cuuint32_t c_box[2] = {32, 64};
+  CUtensorMap mc = ma;
+  p.tma_store = store_epilogue() &&
+                make_map(mc, op, kMode == Mode::kFwd ? "y" : "dx", out, 2, c_dims, c_strides, c_box,
+                         CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_SWIZZLE_64B);
+  launch_cfg<kMode>(op, ma, mb, mc, p, max_units, ctx, bn, cl);
   note_grouped_impl("sm90");
   return true;
 }
@@ -626,6 +687,7 @@ void set_grouped_cluster(int ctas) {
     cuda::fail("grouped_gemm", "cluster size must be 1 or 2, got " + std::to_string(ctas));
   g_cluster.store(ctas);
 }
+void set_grouped_tma_store(int on) { g_store.store(on < 0 ? 0 : on ? 1 : 2); }
 const char* last_grouped_impl() { return g_last_impl; }
 void note_grouped_impl(const char* impl) { g_last_impl = impl; }
 

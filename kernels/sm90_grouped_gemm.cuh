@@ -26,6 +26,9 @@ void set_grouped_tile_n(int bn);
 // CTAs per cluster: 1 (default; env MXTRAIN_GG_CLUSTER) or 2 (pairs share the A tile through TMA multicast).
 // 0 restores the default.
 void set_grouped_cluster(int ctas);
+// Forward / dgrad epilogue: 1 = TMA stores (default; env MXTRAIN_GG_STORE=tma), 0 = direct register stores
+// (MXTRAIN_GG_STORE=direct), -1 restores the env var's choice.
+void set_grouped_tma_store(int on);
 // What the last grouped GEMM call of this thread ran: "sm90" or "wmma" (tests assert the path they meant).
 const char* last_grouped_impl();
 void note_grouped_impl(const char* impl);

@@ -1,6 +1,6 @@
 // Grouped expert GEMM benchmark (one GPU): forward, dgrad and wgrad of both expert projections at the
 // Mixtral-8x7B expert shapes (16,384 routed rows over 8 experts, uneven; hidden 4096, intermediate 14336) and
-// the 8x1B ones (32,768 rows; 2048, 4096), for each implementation beside two cuBLASLt references measured in
+// the 8x1B ones (32,768 rows, and 8,192: one trainer micro-batch; 2048, 4096), for each implementation beside two cuBLASLt references measured in
 // the same process:
 //   dense   one cuBLASLt GEMM of equal FLOPs and equal output semantics (bf16 out; wgrad: f32 out, beta = 1)
 //   loop    one cuBLASLt GEMM per expert on its rows (counts known on the host: fine for a reference)
@@ -12,7 +12,7 @@
 // Before timing, each sm90 variant's output is checked against the per-expert cuBLASLt output on the device
 // (relative L2 error; wgrad from zeroed dW).
 //
-// Usage: bench_grouped_gemm [--runs N] [--shape 8x7B|8x1B|all] [--no-wmma] [--no-cluster]
+// Usage: bench_grouped_gemm [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--no-wmma] [--no-cluster]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -191,11 +191,23 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
     add_row("cublasLt dense", time_it(st, flush, flush_bytes, 3, runs, [&] { dense(out2); }), "");
     add_row("cublasLt loop", time_it(st, flush, flush_bytes, 3, runs, [&] { loop(out2); }), "");
 
-    for (int cfg = 0; cfg < (with_cluster ? 4 : 2); ++cfg) {
-      const int bn = cfg % 2 ? 128 : 256, cl = cfg < 2 ? 1 : 2;
+    struct Variant {
+      int bn, cl, tma_store;
+      const char* name;
+    };
+    // tma_store: the forward / dgrad epilogue (wgrad always adds through the TMA).
+    static const Variant variants[] = {{256, 1, 1, "sm90 128x256 c1"},
+                                       {256, 1, 0, "sm90 128x256 c1 direct"},
+                                       {128, 1, 1, "sm90 128x128 c1"},
+                                       {256, 2, 1, "sm90 128x256 c2"},
+                                       {128, 2, 1, "sm90 128x128 c2"}};
+    for (const Variant& v : variants) {
+      if (v.cl > 1 && !with_cluster) continue;
+      if (!v.tma_store && op.kind == 2) continue;  // same kernel as the row above for wgrad
       mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
-      mxt::sm90::set_grouped_tile_n(bn);
-      mxt::sm90::set_grouped_cluster(cl);
+      mxt::sm90::set_grouped_tile_n(v.bn);
+      mxt::sm90::set_grouped_cluster(v.cl);
+      mxt::sm90::set_grouped_tma_store(v.tma_store);
       // Correctness first: against the per-expert cuBLASLt result (wgrad from zeroed dW on both sides).
       ops.zero(out1);
       ops.zero(out2);
@@ -206,8 +218,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       char note[96];
       std::snprintf(note, sizeof(note), "rel L2 vs loop %.2e%s", err, path == "sm90" ? "" : " (FELL BACK to wmma)");
       const Timing t = time_it(st, flush, flush_bytes, 3, runs, [&] { grouped(out1); });
-      static const char* names[4] = {"sm90 128x256 c1", "sm90 128x128 c1", "sm90 128x256 c2", "sm90 128x128 c2"};
-      add_row(names[cfg], t, note);
+      add_row(v.name, t, note);
     }
     if (with_wmma) {
       mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Wmma);
@@ -216,6 +227,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
     mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Auto);
     mxt::sm90::set_grouped_tile_n(0);
     mxt::sm90::set_grouped_cluster(0);
+    mxt::sm90::set_grouped_tma_store(-1);
     const double dense_tf = rows[first].tflops, loop_tf = rows[first + 1].tflops;
     for (size_t i = first; i < rows.size(); ++i) {
       rows[i].vs_dense = rows[i].tflops / dense_tf;
@@ -245,11 +257,11 @@ int main(int argc, char** argv) {
     } else if (a == "--no-cluster") {
       with_cluster = false;
     } else {
-      std::fprintf(stderr, "usage: %s [--runs N] [--shape 8x7B|8x1B|all] [--no-wmma] [--no-cluster]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--no-wmma] [--no-cluster]\n", argv[0]);
       return 2;
     }
   }
-  if (runs < 1 || (which != "all" && which != "8x7B" && which != "8x1B")) {
+  if (runs < 1 || (which != "all" && which != "8x7B" && which != "8x1B" && which != "8x1B-mb1")) {
     std::fprintf(stderr, "bench_grouped_gemm: bad --runs %d or --shape %s\n", runs, which.c_str());
     return 2;
   }
@@ -267,7 +279,8 @@ int main(int argc, char** argv) {
     const size_t flush_bytes = 256ull << 20;
     void* flush = ops.alloc(flush_bytes);
     const std::vector<double> mult = {1.30, 0.70, 1.15, 0.85, 1.05, 0.95, 1.25, 0.75};
-    const Shape shapes[] = {{"8x7B", 16384, 4096, 14336, mult}, {"8x1B", 32768, 2048, 4096, mult}};
+    const Shape shapes[] = {{"8x7B", 16384, 4096, 14336, mult}, {"8x1B", 32768, 2048, 4096, mult},
+                            {"8x1B-mb1", 8192, 2048, 4096, mult}};  // one micro-batch of the trainer: 4096 x top-2
     std::vector<Row> rows;
     for (const Shape& s : shapes)
       if (which == "all" || which == s.name) bench_shape(ops, s, runs, with_wmma, with_cluster, flush, flush_bytes, rows);

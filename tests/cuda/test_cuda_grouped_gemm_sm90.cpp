@@ -51,6 +51,7 @@ struct ImplGuard {
     sm90::set_grouped_impl(sm90::GroupedImpl::Auto);
     sm90::set_grouped_tile_n(0);
     sm90::set_grouped_cluster(0);
+    sm90::set_grouped_tma_store(-1);
   }
 };
 
@@ -204,6 +205,19 @@ TEST_P(CudaGroupedGemmSm90, ManyItemsPersistentLoop) {
   auto cpu = make_cpu_ops();
   check_both_tiles(*gpu, *cpu, {512, 2048, {410, 0, 77, 1023, 256, 3, 600, 290}, 40}, GetParam(), 21);
   check_both_tiles(*gpu, *cpu, {1024, 512, {700, 129, 1, 1200}, 9}, GetParam(), 22);
+}
+
+// The forward / dgrad epilogue without TMA stores (every row stored from the registers): the path the tail of
+// each expert takes anyway, here for whole tiles too.
+TEST_P(CudaGroupedGemmSm90, DirectStoreEpilogue) {
+  MXT_REQUIRE_SM90();
+  ImplGuard guard;
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  for (int bn : {256, 128}) {
+    sm90::set_grouped_tma_store(0);  // check_case's own guard restores the default when it returns
+    check_case(*gpu, *cpu, {128, 320, {128, 256, 127, 129, 1, 0, 64, 65}, 9}, bn, GetParam(), 16 + bn);
+  }
 }
 
 // More than 32 experts: the schedule's prefix scan runs over several warps' worth of experts.
