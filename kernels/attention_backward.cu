@@ -48,24 +48,30 @@ void launch_dkv(const Geom& G, const BwdParams& p, cudaStream_t stream) {
   check_launch(kBwdOp);
 }
 
+// dK/dV first on the op stream (its blocks, the first key tiles heaviest, take the SMs first), dQ beside it on
+// the side stream when `concurrent`: the two kernels are independent, and each fills the SMs the other's causal
+// tail leaves idle.
+template <class DqC, class DkvC>
+void run_bwd_pair(const Geom& G, const BwdParams& p, CudaContext& c, bool concurrent) {
+  if (!concurrent) {
+    launch_dq<DqC>(G, p, c.stream);
+    launch_dkv<DkvC>(G, p, c.stream);
+    return;
+  }
+  cudaStream_t side = c.fork();
+  launch_dkv<DkvC>(G, p, c.stream);
+  launch_dq<DqC>(G, p, side);
+  c.join();
+}
+
 template <int D>
-void run_bwd_flash(const Geom& G, const BwdParams& p, int variant, cudaStream_t stream) {
+void run_bwd_flash(const Geom& G, const BwdParams& p, int variant, CudaContext& c, bool concurrent) {
   if constexpr (D == 64) {
-    if (variant == 0) {
-      launch_dq<DqCfg<D, 2, 32>>(G, p, stream);
-      launch_dkv<DkvCfg<D, 2, 4, 32>>(G, p, stream);
-    } else {
-      launch_dq<DqCfg<D, 1, 64>>(G, p, stream);
-      launch_dkv<DkvCfg<D, 1, 8, 64>>(G, p, stream);
-    }
+    if (variant == 0) run_bwd_pair<DqCfg<D, 2, 32>, DkvCfg<D, 2, 4, 32>>(G, p, c, concurrent);
+    else run_bwd_pair<DqCfg<D, 1, 64>, DkvCfg<D, 1, 8, 64>>(G, p, c, concurrent);
   } else {
-    if (variant == 0) {
-      launch_dq<DqCfg<D, 2, 32>>(G, p, stream);
-      launch_dkv<DkvCfg<D, 1, 8, 32>>(G, p, stream);
-    } else {
-      launch_dq<DqCfg<D, 1, 64>>(G, p, stream);
-      launch_dkv<DkvCfg<D, 1, 4, 32>>(G, p, stream);
-    }
+    if (variant == 0) run_bwd_pair<DqCfg<D, 2, 32>, DkvCfg<D, 1, 8, 32>>(G, p, c, concurrent);
+    else run_bwd_pair<DqCfg<D, 1, 64>, DkvCfg<D, 1, 4, 32>>(G, p, c, concurrent);
   }
 }
 
@@ -138,8 +144,9 @@ void CudaOps::attention_backward(const AttnShape& s, const Tensor& dout, const T
 
   if (use_flash(G.D, op)) {
     const int variant = flash_variant(op);
-    if (G.D == 64) run_bwd_flash<64>(G, p, variant, st);
-    else run_bwd_flash<128>(G, p, variant, st);
+    const bool concurrent = bwd_concurrent(op);
+    if (G.D == 64) run_bwd_flash<64>(G, p, variant, ctx(), concurrent);
+    else run_bwd_flash<128>(G, p, variant, ctx(), concurrent);
     return;
   }
   ref::Params r{};

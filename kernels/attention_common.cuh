@@ -8,6 +8,8 @@
 //                                          fall back on a new GPU)
 //   MXTRAIN_ATTENTION_VARIANT=0|1          tile shapes of the flash kernels (attention_forward.cu and
 //                                          attention_backward.cu list them); default 0
+//   MXTRAIN_ATTENTION_BWD_CONCURRENT=0|1   backward dQ kernel beside the dK/dV kernel on a second stream
+//                                          (default 1) or after it
 // Document masks (AttnShape::doc_ids, I32 [T]): query t sees key s only if s <= t and doc_ids[s] == doc_ids[t].
 // The flash kernels skip tiles outside the document run of their rows, so each document must be one contiguous
 // run of a batch row (packing makes it so); ids may repeat across batch rows.
@@ -100,6 +102,14 @@ inline int flash_variant(const char* op) {
   if (!e || !*e || std::strcmp(e, "0") == 0) return 0;
   if (std::strcmp(e, "1") == 0) return 1;
   fail(op, std::string("environment MXTRAIN_ATTENTION_VARIANT=") + e + ": expected 0 or 1");
+}
+
+// Backward: dQ beside dK/dV on a second stream (default) or after it (MXTRAIN_ATTENTION_BWD_CONCURRENT=0).
+inline bool bwd_concurrent(const char* op) {
+  const char* e = std::getenv("MXTRAIN_ATTENTION_BWD_CONCURRENT");
+  if (!e || !*e || std::strcmp(e, "1") == 0) return true;
+  if (std::strcmp(e, "0") == 0) return false;
+  fail(op, std::string("environment MXTRAIN_ATTENTION_BWD_CONCURRENT=") + e + ": expected 0 or 1");
 }
 
 inline unsigned grid_1d(int64_t blocks, const char* op) {

@@ -41,11 +41,19 @@ struct CudaContext {
   };
   Staging staging[8];
   unsigned staging_next = 0;
+
+  // A second stream for independent kernels that fill each other's idle SMs (the attention backward's dQ beside
+  // its dK/dV): fork() returns it, ordered after the work queued on `stream` so far; join() orders `stream` after
+  // the work queued on it since. Both are event records and waits, so they also work inside graph capture.
+  cudaStream_t fork();
+  void join();
   ~CudaContext();
 
  private:
   struct Slot { const char* name; void* ptr; size_t bytes; };
   Slot slots_[32] = {};
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
 };
 
 }  // namespace mxt

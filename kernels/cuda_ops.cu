@@ -62,7 +62,29 @@ void* CudaContext::scratch(const char* slot, size_t bytes) {
   cuda::fail("scratch", "too many scratch slots");
 }
 
+cudaStream_t CudaContext::fork() {
+  const char* op = "stream fork";
+  if (side_ == nullptr) {
+    cuda::check(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), op, "cudaStreamCreate");
+    cuda::check(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming), op, "event");
+    cuda::check(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming), op, "event");
+  }
+  cuda::check(cudaEventRecord(fork_ev_, stream), op, "cudaEventRecord");
+  cuda::check(cudaStreamWaitEvent(side_, fork_ev_, 0), op, "cudaStreamWaitEvent");
+  return side_;
+}
+
+void CudaContext::join() {
+  const char* op = "stream join";
+  cuda::check(cudaEventRecord(join_ev_, side_), op, "cudaEventRecord");
+  cuda::check(cudaStreamWaitEvent(stream, join_ev_, 0), op, "cudaStreamWaitEvent");
+}
+
 CudaContext::~CudaContext() {
+  if (side_) cudaStreamSynchronize(side_);
+  if (fork_ev_) cudaEventDestroy(fork_ev_);
+  if (join_ev_) cudaEventDestroy(join_ev_);
+  if (side_) cudaStreamDestroy(side_);
   for (Slot& s : slots_) cudaFree(s.ptr);
   for (Staging& s : staging) {
     if (s.done) cudaEventSynchronize(s.done);
