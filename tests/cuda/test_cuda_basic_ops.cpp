@@ -37,7 +37,7 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 TEST(CudaBasicOps, CopyRoundTripIsRoundToNearestEven) {
   MXT_REQUIRE_GPU();
   auto gpu = make_cuda_ops();
-  for (int64_t n : {1, 7, 1023, 100003}) {
+  for (int64_t n : {1, 7, 8, 1023, 4096, 100000, 100003}) {  // n % 8 == 0: the 16-byte fp32 -> bf16 kernel
     auto x = randn(static_cast<size_t>(n), 11 + static_cast<uint32_t>(n), 3.f);
     // Ties (exactly halfway between two bf16 values) must round to even, both directions.
     const float ties[] = {1.00390625f /* 1 + 2^-8: down to 1 */, 1.01171875f /* 1 + 3*2^-8: up */,
@@ -367,7 +367,7 @@ TEST(CudaBasicOps, RopeForwardBackwardMatchCpu) {
   auto cpu = make_cpu_ops();
   const float theta = 1e6f;
   struct Case { int64_t T, H, D; };
-  for (const Case c : {Case{1, 1, 64}, Case{300, 3, 64}, Case{257, 8, 128}, Case{5, 2, 2}}) {
+  for (const Case c : {Case{1, 1, 64}, Case{300, 3, 64}, Case{257, 8, 128}, Case{5, 2, 2}, Case{9, 3, 24}}) {
     std::mt19937 rng(91 + static_cast<uint32_t>(c.D));
     std::uniform_int_distribution<int32_t> pd(0, 4095);
     std::vector<int32_t> pos(c.T);

@@ -88,6 +88,7 @@ TEST(CudaLmHead, SmallVocab) {
   check_lm_head({64, 1000, 256}, true, 10);
   check_lm_head({300, 1000, 256}, true, 20, /*ignored_prefix=*/17);
   check_lm_head({77, 1000, 256}, false, 30);
+  check_lm_head({40, 1001, 64}, true, 35);  // V % 8 != 0: the scalar cross-entropy kernel
 }
 
 // Llama-3 vocabulary: 600 rows span two chunks (512 + 88) of the chunked loop.
