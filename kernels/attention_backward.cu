@@ -10,11 +10,14 @@
 //                                      32-row Q tiles (1.6, 1 block per SM)
 //                                   1: D=64 8 warps x 16 keys, 64-row Q tiles (1.8); D=128 4 warps x 16 keys,
 //                                      32-row Q tiles (1.6, 2 blocks per SM)
+// Before either, for head_dim 128 without a document mask and seq a multiple of 128, the wgmma dK/dV kernel of
+// attention_dkv_sm90.cu (MXTRAIN_ATTENTION_DKV=auto|wgmma|mma).
 #include <cmath>
 
 #include "attention_common.cuh"
 #include "attention_flash_bwd.cuh"
 #include "attention_reference.cuh"
+#include "attention_sm90.hpp"
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
 
@@ -51,15 +54,21 @@ void launch_dkv(const Geom& G, const BwdParams& p, cudaStream_t stream) {
 // dK/dV first on the op stream (its blocks, the first key tiles heaviest, take the SMs first), dQ beside it on
 // the side stream when `concurrent`: the two kernels are independent, and each fills the SMs the other's causal
 // tail leaves idle.
+// dK/dV: the Hopper wgmma kernel where it applies (attention_dkv_sm90.cu), else the mma.sync one.
+template <class DkvC>
+void run_dkv(const Geom& G, const BwdParams& p, CudaContext& c) {
+  if (!try_dkv_sm90(G, p, c.device, c.stream)) launch_dkv<DkvC>(G, p, c.stream);
+}
+
 template <class DqC, class DkvC>
 void run_bwd_pair(const Geom& G, const BwdParams& p, CudaContext& c, bool concurrent) {
   if (!concurrent) {
     launch_dq<DqC>(G, p, c.stream);
-    launch_dkv<DkvC>(G, p, c.stream);
+    run_dkv<DkvC>(G, p, c);
     return;
   }
   cudaStream_t side = c.fork();
-  launch_dkv<DkvC>(G, p, c.stream);
+  run_dkv<DkvC>(G, p, c);
   launch_dq<DqC>(G, p, side);
   c.join();
 }

@@ -8,6 +8,14 @@
 
 // The accumulator operands of an m64nN wgmma (N/2 fp32 registers per thread): the register list for the PTX text
 // (operands %0 .. %(N/2 - 1)) and the matching in/out constraints, so each wrapper states only its instruction.
+#define MXT_WGMMA_ACC_REGS_32 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define MXT_WGMMA_ACC_OUTS_32(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 #define MXT_WGMMA_ACC_REGS_64 \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
@@ -79,6 +87,35 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
       "%64, %65, p, 1, 1, %67, %68;\n\t}"
       : MXT_WGMMA_ACC_OUTS_64(d)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
+}
+
+// D[64 x 64] (+)= A[64 x 16] * B[16 x 64], both from shared memory: 32 accumulators per thread.
+template <int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.ne.b32 p, %34, 0;\n\t"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      MXT_WGMMA_ACC_REGS_32 ", "
+      "%32, %33, p, 1, 1, %35, %36;\n\t}"
+      : MXT_WGMMA_ACC_OUTS_32(d)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
+}
+
+// D[64 x 128] (+)= A[64 x 16] * B[16 x 128] with A from registers: per warp the m16n8k16 A fragment of its 16
+// rows (a[0]: row l/4, k 2(l%4)..+1; a[1]: row + 8; a[2], a[3]: k + 8), i.e. two n8 blocks of an accumulator
+// packed to bf16 pairs. B from shared memory (kTransB: 0 = K-major, 1 = N-major).
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
+                                                    uint32_t scale_d) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.ne.b32 p, %69, 0;\n\t"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      MXT_WGMMA_ACC_REGS_64 ", "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n\t}"
+      : MXT_WGMMA_ACC_OUTS_64(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
 }
 
 }  // namespace mxt::sm90

@@ -13,7 +13,10 @@
 // Document masks (AttnShape::doc_ids, packed rows): the same comparisons against the CPU twin given the same ids,
 // for short, long, tile-aligned and single-token documents. Head dims 64 and 128 run the flash kernels by
 // default; the *Reference* and *Variant1* tests run the same cases through MXTRAIN_ATTENTION=reference and
-// MXTRAIN_ATTENTION_VARIANT=1, so every kernel the dispatch can pick is checked.
+// MXTRAIN_ATTENTION_VARIANT=1, and *WgmmaDkv* the Hopper dK/dV kernel, so every kernel the dispatch can pick is
+// checked.
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -295,6 +298,46 @@ TEST(CudaAttention, Variant1Kernels) {
   run_case({2, 200, 4, 1, 64, 3.f, Docs::Mixed}, 1120);
   run_case({1, 520, 4, 2, 128, 1.f, Docs::TileAligned}, 1130);
   run_case({1, 2048, 4, 2, 128, 1.f}, 1140);
+}
+
+// The Hopper wgmma dK/dV kernel (attention_dkv_sm90.cu), required here (an error if it did not apply): GQA
+// groups of 1, 2 and 4, two batch rows, a peaky softmax; then the mma.sync kernel forced on the same kind of shape.
+TEST(CudaAttention, WgmmaDkvKernel) {
+  MXT_REQUIRE_GPU();
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  if (major != 9) GTEST_SKIP() << "not an sm_90 GPU: the wgmma kernel does not apply";
+  {
+    ScopedEnv env("MXTRAIN_ATTENTION_DKV", "wgmma");
+    run_case({1, 256, 4, 2, 128, 1.f}, 1300);
+    run_case({2, 384, 8, 2, 128, 1.f}, 1310);
+    run_case({1, 1024, 4, 4, 128, 1.f}, 1320);
+    run_case({1, 512, 8, 2, 128, 3.f}, 1330);
+    run_case({1, 128, 4, 1, 128, 1.f}, 1340);
+  }
+  ScopedEnv env("MXTRAIN_ATTENTION_DKV", "mma");
+  run_case({1, 512, 4, 2, 128, 1.f}, 1350);
+}
+
+// Required but not applicable (seq not a multiple of 128): an error naming why, not a silent fallback.
+TEST(CudaAttention, WgmmaDkvRequiredWhereItDoesNotApply) {
+  MXT_REQUIRE_GPU();
+  ScopedEnv env("MXTRAIN_ATTENTION_DKV", "wgmma");
+  auto gpu = make_cuda_ops();
+  const AttnShape s{1, 300, 4, 2, 128, {}};
+  DeviceTensor q(*gpu, DType::BF16, {300, 4, 128}), k(*gpu, DType::BF16, {300, 2, 128}),
+      v(*gpu, DType::BF16, {300, 2, 128}), o(*gpu, DType::BF16, {300, 4, 128}), l(*gpu, DType::F32, {1, 4, 300}),
+      dq(*gpu, DType::BF16, {300, 4, 128}), dk(*gpu, DType::BF16, {300, 2, 128}), dv(*gpu, DType::BF16, {300, 2, 128});
+  gpu->zero(q);
+  gpu->zero(k);
+  gpu->zero(v);
+  gpu->attention_forward(s, q, k, v, o, l);
+  try {
+    gpu->attention_backward(s, o, q, k, v, o, l, dq, dk, dv);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("seq 300"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CudaAttention, LongSeq4096D128) {

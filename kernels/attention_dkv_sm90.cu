@@ -1,0 +1,282 @@
+// Attention backward dK / dV on Hopper (sm_90a) with wgmma, for head_dim 128, causal, GQA, no document mask,
+// S a multiple of 128 (the training shapes); everything else keeps the mma.sync kernel (attention_flash_bwd.cuh),
+// whose recipe this follows: P recomputed from the forward's lse, dS = P * (dP - delta), dV = P^T dO,
+// dK = scale dS^T Q, the GQA sum over the query heads of a KV head accumulated in registers (no atomics).
+//
+// CTA: 2 warpgroups (256 threads, up to 255 registers each: the 192 fp32 accumulators of a step stay in
+// registers and ptxas keeps the wgmmas asynchronous; a third, producer warp would not fit the register file of
+// an SM sub-partition at that count), one CTA per (128-key tile, batch, KV head), the first key tiles (most
+// queries) first.
+//   Thread 0 also issues the TMA loads: the CTA's K and V tiles once, then for every (query head, 64-query tile)
+//     step the Q and dO tiles plus the step's 64 lse2 / delta values into a 3-stage ring (full / empty
+//     mbarriers); a stage is refilled at the start of the step after the one that used it, once both
+//     warpgroups have released it, so loads run two steps ahead.
+//   Each warpgroup owns 64 keys. Per step: S^T = K Q^T and dP^T = V dO^T (wgmma m64n64k16, both operands in
+//     shared memory), the causal mask and P^T, dS^T in registers, then dV += P^T dO and dK += dS^T Q (wgmma
+//     m64n128k16 with P^T / dS^T as the register A operand: an accumulator's n8 blocks are already the A
+//     fragment layout, packed to bf16 as the mma.sync kernel does; Q and dO read N-major).
+// Shared tiles are [64 rows][64 bf16] boxes with 128-byte swizzle (TMA), read through the same descriptors as
+// the grouped GEMM: K-major for the first two products, N-major (LBO = one box) for the last two.
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "attention_common.cuh"
+#include "attention_flash_bwd.cuh"
+#include "attention_sm90.hpp"
+#include "sm90_host.cuh"
+#include "sm90_ptx.cuh"
+#include "sm90_wgmma.cuh"
+
+namespace mxt::cuda::attn {
+namespace {
+
+constexpr int kD = 128;
+constexpr int kBN = 128;                 // keys per CTA: 2 consumer warpgroups x 64
+constexpr int kBM = 64;                  // queries per step
+constexpr int kStages = 3;
+constexpr int kBox = 64 * 64 * 2;        // one [64][64] bf16 box
+constexpr int kOffV = 4 * kBox;          // K: boxes [warpgroup][d chunk], then V the same
+constexpr int kOffStages = 8 * kBox;
+constexpr int kStageQ = 0, kStageDO = 2 * kBox, kStageStat = 4 * kBox;  // lse2[64], delta[64]
+constexpr int kStageBytes = 4 * kBox + 1024;  // stats padded so every stage stays 1024-byte aligned
+constexpr int kStageTx = 4 * kBox + 2 * kBM * 4;
+constexpr int kOffBar = kOffStages + kStages * kStageBytes;
+constexpr int kSmem = kOffBar + (2 * kStages + 1) * 8 + 1024;  // + slack for 1024-byte alignment
+constexpr int kThreads = 256;
+
+struct TMaps {
+  CUtensorMap q, k, v, dout;
+};
+
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_bwd_dkv_sm90_kernel(const __grid_constant__ TMaps maps, const BwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace mxt::sm90;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  uint8_t* smem_ptr = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
+  const uint32_t smem = smem_u32(smem_ptr);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_ptr + kOffBar);
+  uint64_t* empty = full + kStages;
+  uint64_t* kv_full = empty + kStages;
+
+  const int S = p.S, group = p.H / p.KVH;
+  const int n_bk = p.B * p.KVH;
+  const int kt = static_cast<int>(blockIdx.x) / n_bk, bk = static_cast<int>(blockIdx.x) % n_bk;
+  const int b = bk / p.KVH, kvh = bk % p.KVH;
+  const int k0 = kt * kBN;
+  const int m_first = k0 / kBM;
+  const int n_qt = S / kBM - m_first;
+  const int n_steps = group * n_qt;
+  const int tid = threadIdx.x;
+
+  if (tid == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], 8);  // one arrival per consumer warp
+    }
+    mbar_init(kv_full, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  // Thread 0's loads: K and V once; the Q / dO / statistics of `step` into stage `st_i`.
+  auto issue = [&](int step, int st_i) {
+    const int h = kvh * group + step / n_qt;
+    const int m0 = (m_first + step % n_qt) * kBM;
+    mbar_arrive_expect_tx(&full[st_i], kStageTx);
+    const uint32_t st = smem + kOffStages + st_i * kStageBytes, bar = smem_u32(&full[st_i]);
+    for (int c = 0; c < 2; ++c) {
+      tma_load_2d(st + kStageQ + c * kBox, &maps.q, bar, h * kD + 64 * c, b * S + m0);
+      tma_load_2d(st + kStageDO + c * kBox, &maps.dout, bar, h * kD + 64 * c, b * S + m0);
+    }
+    const int64_t stat = (static_cast<int64_t>(b) * p.H + h) * S + m0;
+    bulk_load(st + kStageStat, p.lse2 + stat, kBM * 4, bar);
+    bulk_load(st + kStageStat + kBM * 4, p.delta + stat, kBM * 4, bar);
+  };
+  if (tid == 0) {
+    const int32_t row_k = b * S + k0;
+    mbar_arrive_expect_tx(kv_full, 8 * kBox);
+    const uint32_t kvb = smem_u32(kv_full);
+    for (int w = 0; w < 2; ++w)
+      for (int c = 0; c < 2; ++c) {
+        tma_load_2d(smem + (2 * w + c) * kBox, &maps.k, kvb, kvh * kD + 64 * c, row_k + 64 * w);
+        tma_load_2d(smem + kOffV + (2 * w + c) * kBox, &maps.v, kvb, kvh * kD + 64 * c, row_k + 64 * w);
+      }
+    for (int i = 0; i < kStages && i < n_steps; ++i) issue(i, i);
+  }
+
+  const int w = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  const int g = lane / 4, c4 = lane % 4;
+  const int key0 = k0 + 64 * w + 16 * warp + g;  // this thread's keys: key0 and key0 + 8
+  float dk[64], dv[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
+  const uint32_t kb = smem + (2 * w) * kBox, vb = smem + kOffV + (2 * w) * kBox;
+  mbar_wait(kv_full, 0);
+
+  int s = 0;
+  uint32_t phase = 0;
+  for (int step = 0; step < n_steps; ++step) {
+    const int m0 = (m_first + step % n_qt) * kBM;
+    if (tid == 0 && step >= 1 && step - 1 + kStages < n_steps) {
+      const int rs = (step - 1) % kStages;  // released by both warpgroups at the end of step - 1
+      mbar_wait(&empty[rs], static_cast<uint32_t>((step - 1) / kStages) & 1u);
+      issue(step - 1 + kStages, rs);
+    }
+    __syncwarp();
+    mbar_wait(&full[s], phase);
+    const uint32_t st = smem + kOffStages + s * kStageBytes;
+    const float* stat = reinterpret_cast<const float*>(smem_ptr + kOffStages + s * kStageBytes + kStageStat);
+
+    // S^T = K Q^T, dP^T = V dO^T: 64 keys x 64 queries each, contracted over d in two 64-wide boxes.
+    float sa[32], pa[32];
+    wgmma_fence();
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        wgmma_m64n64k16<0, 0>(sa, smem_desc(kb + c * kBox + k * 32, 16, 1024),
+                              smem_desc(st + kStageQ + c * kBox + k * 32, 16, 1024), (c | k) != 0);
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        wgmma_m64n64k16<0, 0>(pa, smem_desc(vb + c * kBox + k * 32, 16, 1024),
+                              smem_desc(st + kStageDO + c * kBox + k * 32, 16, 1024), (c | k) != 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      fence_operand(sa[i]);
+      fence_operand(pa[i]);
+    }
+
+    // P^T (in sa) and dS^T = P^T (dP^T - delta) (in pa); keys after the query are masked (a select, no branch).
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int qc = 8 * j + 2 * c4;
+      const float2 l2 = *reinterpret_cast<const float2*>(stat + qc);
+      const float2 dl = *reinterpret_cast<const float2*>(stat + kBM + qc);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int q = m0 + qc + (e & 1), key = key0 + 8 * (e >> 1);
+        float pr = fast_exp2(fmaf(sa[4 * j + e], p.scale_log2, -((e & 1) ? l2.y : l2.x)));
+        pr = q >= key ? pr : 0.f;
+        sa[4 * j + e] = pr;
+        pa[4 * j + e] = pr * (pa[4 * j + e] - ((e & 1) ? dl.y : dl.x));
+      }
+    }
+
+    // dV += P^T dO, dK += dS^T Q: k = 16 queries per wgmma.
+    uint32_t fp[4][4], fd[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      fp[kk][0] = pack_bf16(sa[8 * kk + 0], sa[8 * kk + 1]);
+      fp[kk][1] = pack_bf16(sa[8 * kk + 2], sa[8 * kk + 3]);
+      fp[kk][2] = pack_bf16(sa[8 * kk + 4], sa[8 * kk + 5]);
+      fp[kk][3] = pack_bf16(sa[8 * kk + 6], sa[8 * kk + 7]);
+      fd[kk][0] = pack_bf16(pa[8 * kk + 0], pa[8 * kk + 1]);
+      fd[kk][1] = pack_bf16(pa[8 * kk + 2], pa[8 * kk + 3]);
+      fd[kk][2] = pack_bf16(pa[8 * kk + 4], pa[8 * kk + 5]);
+      fd[kk][3] = pack_bf16(pa[8 * kk + 6], pa[8 * kk + 7]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      wgmma_m64n128k16_rs<1>(dv, fp[kk], smem_desc(st + kStageDO + kk * 2048, kBox, 1024), 1u);
+      wgmma_m64n128k16_rs<1>(dk, fd[kk], smem_desc(st + kStageQ + kk * 2048, kBox, 1024), 1u);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+    if (++s == kStages) {
+      s = 0;
+      phase ^= 1u;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    fence_operand(dk[i]);
+    fence_operand(dv[i]);
+  }
+
+  // dK = scale * dk, dV = dv: bf16 pairs straight from the accumulators.
+  const int64_t kv_stride = static_cast<int64_t>(p.KVH) * kD;
+  const int64_t r0 = (static_cast<int64_t>(b) * S + key0) * kv_stride + static_cast<int64_t>(kvh) * kD;
+  const int64_t r1 = r0 + 8 * kv_stride;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int col = 8 * j + 2 * c4;
+    *reinterpret_cast<uint32_t*>(p.dk + r0 + col) = pack_bf16(dk[4 * j] * p.scale, dk[4 * j + 1] * p.scale);
+    *reinterpret_cast<uint32_t*>(p.dk + r1 + col) = pack_bf16(dk[4 * j + 2] * p.scale, dk[4 * j + 3] * p.scale);
+    *reinterpret_cast<uint32_t*>(p.dv + r0 + col) = pack_bf16(dv[4 * j], dv[4 * j + 1]);
+    *reinterpret_cast<uint32_t*>(p.dv + r1 + col) = pack_bf16(dv[4 * j + 2], dv[4 * j + 3]);
+  }
+#else
+  __trap();  // built without sm_90a: the host never launches this
+#endif
+}
+
+// MXTRAIN_ATTENTION_DKV: auto (default: this kernel wherever it applies), wgmma (required: an error where it does
+// not apply, for tests), mma (never).
+enum class DkvMode { Auto, Wgmma, Mma };
+
+DkvMode dkv_mode(const char* op) {
+  const char* e = std::getenv("MXTRAIN_ATTENTION_DKV");
+  if (!e || !*e || !std::strcmp(e, "auto")) return DkvMode::Auto;
+  if (!std::strcmp(e, "wgmma")) return DkvMode::Wgmma;
+  if (!std::strcmp(e, "mma")) return DkvMode::Mma;
+  fail(op, std::string("environment MXTRAIN_ATTENTION_DKV=") + e + ": expected auto, wgmma or mma");
+}
+
+bool make_rows_map(CUtensorMap& m, const void* ptr, int64_t rows, int64_t cols) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+  const cuuint32_t box[2] = {64, 64};
+  const cuuint32_t elem[2] = {1, 1};
+  const auto encode = sm90::tensor_map_encoder("attention_backward");
+  return encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+bool try_dkv_sm90(const Geom& G, const BwdParams& p, int device, cudaStream_t stream) {
+  const char* op = "attention_backward";
+  const DkvMode mode = dkv_mode(op);
+  if (mode == DkvMode::Mma) return false;
+  static std::atomic<int> cache[64];
+  std::string why;
+  if (G.D != kD) why = "head_dim " + std::to_string(G.D) + " (needs 128)";
+  else if (G.doc != nullptr) why = "a document mask";
+  else if (G.S % kBN != 0) why = "seq " + std::to_string(G.S) + " (needs a multiple of 128)";
+  else if (G.T * G.H * kD > INT32_MAX) why = "a tensor of 2^31 elements or more";
+  else if (!sm90::device_runs_sm90a(device, reinterpret_cast<const void*>(attn_bwd_dkv_sm90_kernel), cache))
+    why = "not an sm_90 device / binary";
+  TMaps maps{};
+  if (why.empty() && !(make_rows_map(maps.q, p.q, G.T, static_cast<int64_t>(G.H) * kD) &&
+                       make_rows_map(maps.k, p.k, G.T, static_cast<int64_t>(G.KVH) * kD) &&
+                       make_rows_map(maps.v, p.v, G.T, static_cast<int64_t>(G.KVH) * kD) &&
+                       make_rows_map(maps.dout, p.dout, G.T, static_cast<int64_t>(G.H) * kD)))
+    why = "a tensor map the driver rejects";
+  if (!why.empty()) {
+    if (mode == DkvMode::Wgmma) fail(op, "MXTRAIN_ATTENTION_DKV=wgmma, but the sm90 dK/dV kernel does not apply: " + why);
+    return false;
+  }
+  static const bool smem_ok = (set_smem(attn_bwd_dkv_sm90_kernel, kSmem, op), true);
+  (void)smem_ok;
+  const int64_t blocks = static_cast<int64_t>(G.S / kBN) * G.B * G.KVH;
+  attn_bwd_dkv_sm90_kernel<<<grid_1d(blocks, op), kThreads, kSmem, stream>>>(maps, p);
+  check_launch(op);
+  return true;
+}
+
+}  // namespace mxt::cuda::attn
