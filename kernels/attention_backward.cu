@@ -10,8 +10,8 @@
 //                                      32-row Q tiles (1.6, 1 block per SM)
 //                                   1: D=64 8 warps x 16 keys, 64-row Q tiles (1.8); D=128 4 warps x 16 keys,
 //                                      32-row Q tiles (1.6, 2 blocks per SM)
-// Before either, for head_dim 128 without a document mask and seq a multiple of 128, the wgmma dK/dV kernel of
-// attention_dkv_sm90.cu (MXTRAIN_ATTENTION_DKV=auto|wgmma|mma).
+// Before either, for head_dim 128 without a document mask and seq a multiple of 128, the wgmma kernels of
+// attention_dkv_sm90.cu and attention_dq_sm90.cu (MXTRAIN_ATTENTION_DKV / _DQ = auto|wgmma|mma).
 #include <cmath>
 
 #include "attention_common.cuh"
@@ -60,16 +60,22 @@ void run_dkv(const Geom& G, const BwdParams& p, CudaContext& c) {
   if (!try_dkv_sm90(G, p, c.device, c.stream)) launch_dkv<DkvC>(G, p, c.stream);
 }
 
+// dQ likewise (attention_dq_sm90.cu), on `stream`.
+template <class DqC>
+void run_dq(const Geom& G, const BwdParams& p, CudaContext& c, cudaStream_t stream) {
+  if (!try_dq_sm90(G, p, c.device, stream)) launch_dq<DqC>(G, p, stream);
+}
+
 template <class DqC, class DkvC>
 void run_bwd_pair(const Geom& G, const BwdParams& p, CudaContext& c, bool concurrent) {
   if (!concurrent) {
-    launch_dq<DqC>(G, p, c.stream);
+    run_dq<DqC>(G, p, c, c.stream);
     run_dkv<DkvC>(G, p, c);
     return;
   }
   cudaStream_t side = c.fork();
   run_dkv<DkvC>(G, p, c);
-  launch_dq<DqC>(G, p, side);
+  run_dq<DqC>(G, p, c, side);
   c.join();
 }
 

@@ -25,21 +25,19 @@
 #include <cstring>
 #include <string>
 
-#include "attention_common.cuh"
-#include "attention_flash_bwd.cuh"
 #include "attention_sm90.hpp"
-#include "sm90_host.cuh"
+#include "attention_sm90_host.cuh"
 #include "sm90_ptx.cuh"
 #include "sm90_wgmma.cuh"
 
 namespace mxt::cuda::attn {
 namespace {
 
-constexpr int kD = 128;
+using sm90k::kBox;
+using sm90k::kD;
 constexpr int kBN = 128;                 // keys per CTA: 2 consumer warpgroups x 64
 constexpr int kBM = 64;                  // queries per step
 constexpr int kStages = 3;
-constexpr int kBox = 64 * 64 * 2;        // one [64][64] bf16 box
 constexpr int kOffV = 4 * kBox;          // K: boxes [warpgroup][d chunk], then V the same
 constexpr int kOffStages = 8 * kBox;
 constexpr int kStageQ = 0, kStageDO = 2 * kBox, kStageStat = 4 * kBox;  // lse2[64], delta[64]
@@ -49,9 +47,7 @@ constexpr int kOffBar = kOffStages + kStages * kStageBytes;
 constexpr int kSmem = kOffBar + (2 * kStages + 1) * 8 + 1024;  // + slack for 1024-byte alignment
 constexpr int kThreads = 256;
 
-struct TMaps {
-  CUtensorMap q, k, v, dout;
-};
+using sm90k::TMaps;
 
 __global__ void __launch_bounds__(kThreads, 1)
     attn_bwd_dkv_sm90_kernel(const __grid_constant__ TMaps maps, const BwdParams p) {
@@ -224,51 +220,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// MXTRAIN_ATTENTION_DKV: auto (default: this kernel wherever it applies), wgmma (required: an error where it does
-// not apply, for tests), mma (never).
-enum class DkvMode { Auto, Wgmma, Mma };
-
-DkvMode dkv_mode(const char* op) {
-  const char* e = std::getenv("MXTRAIN_ATTENTION_DKV");
-  if (!e || !*e || !std::strcmp(e, "auto")) return DkvMode::Auto;
-  if (!std::strcmp(e, "wgmma")) return DkvMode::Wgmma;
-  if (!std::strcmp(e, "mma")) return DkvMode::Mma;
-  fail(op, std::string("environment MXTRAIN_ATTENTION_DKV=") + e + ": expected auto, wgmma or mma");
-}
-
-bool make_rows_map(CUtensorMap& m, const void* ptr, int64_t rows, int64_t cols) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
-  const cuuint32_t box[2] = {64, 64};
-  const cuuint32_t elem[2] = {1, 1};
-  const auto encode = sm90::tensor_map_encoder("attention_backward");
-  return encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims, strides, box, elem,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 }  // namespace
 
 bool try_dkv_sm90(const Geom& G, const BwdParams& p, int device, cudaStream_t stream) {
   const char* op = "attention_backward";
-  const DkvMode mode = dkv_mode(op);
-  if (mode == DkvMode::Mma) return false;
+  const sm90k::Mode mode = sm90k::env_mode("MXTRAIN_ATTENTION_DKV", op);
+  if (mode == sm90k::Mode::Off) return false;
   static std::atomic<int> cache[64];
-  std::string why;
-  if (G.D != kD) why = "head_dim " + std::to_string(G.D) + " (needs 128)";
-  else if (G.doc != nullptr) why = "a document mask";
-  else if (G.S % kBN != 0) why = "seq " + std::to_string(G.S) + " (needs a multiple of 128)";
-  else if (G.T * G.H * kD > INT32_MAX) why = "a tensor of 2^31 elements or more";
-  else if (!sm90::device_runs_sm90a(device, reinterpret_cast<const void*>(attn_bwd_dkv_sm90_kernel), cache))
-    why = "not an sm_90 device / binary";
   TMaps maps{};
-  if (why.empty() && !(make_rows_map(maps.q, p.q, G.T, static_cast<int64_t>(G.H) * kD) &&
-                       make_rows_map(maps.k, p.k, G.T, static_cast<int64_t>(G.KVH) * kD) &&
-                       make_rows_map(maps.v, p.v, G.T, static_cast<int64_t>(G.KVH) * kD) &&
-                       make_rows_map(maps.dout, p.dout, G.T, static_cast<int64_t>(G.H) * kD)))
-    why = "a tensor map the driver rejects";
+  const std::string why =
+      sm90k::check_applies(G, p, device, reinterpret_cast<const void*>(attn_bwd_dkv_sm90_kernel), cache, maps);
   if (!why.empty()) {
-    if (mode == DkvMode::Wgmma) fail(op, "MXTRAIN_ATTENTION_DKV=wgmma, but the sm90 dK/dV kernel does not apply: " + why);
+    if (mode == sm90k::Mode::Require)
+      fail(op, "MXTRAIN_ATTENTION_DKV=wgmma, but the sm90 dK/dV kernel does not apply: " + why);
     return false;
   }
   static const bool smem_ok = (set_smem(attn_bwd_dkv_sm90_kernel, kSmem, op), true);

@@ -1,8 +1,8 @@
 // Attention benchmark (one GPU): causal GQA forward, backward and forward+backward at B=1, S=4096 for the
 // 8x1B shape (16 heads, 8 KV heads, head_dim 128), the 8x7B shape (32 / 8 / 128) and head_dim 64 (16 / 8 and
 // 32 / 8), for each kernel set the dispatch offers (flash variant 0 = default, the same with the backward's dQ
-// kernel after its dK/dV kernel instead of beside it, the same with the mma.sync dK/dV kernel instead of the
-// wgmma one, flash variant 1, reference), plus the default kernels on
+// kernel after its dK/dV kernel instead of beside it, the same with the mma.sync dQ kernel, with both mma.sync
+// backward kernels instead of the wgmma ones, flash variant 1, reference), plus the default kernels on
 // packed rows (documents of 1024 tokens).
 // FLOPs (the usual causal convention): forward 4 * B * H * S^2 * D / 2, backward 2.5x that; with documents,
 // the same formula summed over documents (the work actually needed).
@@ -96,6 +96,7 @@ struct Impl {
   bool docs;
   const char* concurrent = "1";  // MXTRAIN_ATTENTION_BWD_CONCURRENT
   const char* dkv = "auto";       // MXTRAIN_ATTENTION_DKV
+  const char* dq = "auto";        // MXTRAIN_ATTENTION_DQ
 };
 
 void set_impl(const Impl& im) {
@@ -103,6 +104,7 @@ void set_impl(const Impl& im) {
   setenv("MXTRAIN_ATTENTION_VARIANT", im.variant, 1);
   setenv("MXTRAIN_ATTENTION_BWD_CONCURRENT", im.concurrent, 1);
   setenv("MXTRAIN_ATTENTION_DKV", im.dkv, 1);
+  setenv("MXTRAIN_ATTENTION_DQ", im.dq, 1);
 }
 
 // Median and min of `runs` timings (ms) of fn on the op stream, after `warm` untimed calls.
@@ -148,7 +150,8 @@ int run(int argc, char** argv) {
   }
   const ShapeDef shapes[] = {{"8x1B", 16, 8, 128}, {"8x7B", 32, 8, 128}, {"d64", 16, 8, 64}, {"d64h32", 32, 8, 64}};
   const Impl impls[] = {{"flash-v0", "flash", "0", false}, {"flash-v0 serial", "flash", "0", false, "0"},
-                        {"flash-v0 mma-dkv", "flash", "0", false, "1", "mma"},
+                        {"flash-v0 mma-dq", "flash", "0", false, "1", "auto", "mma"},
+                        {"flash-v0 mma", "flash", "0", false, "1", "mma", "mma"},
                         {"flash-v1", "flash", "1", false},
                         {"reference", "reference", "0", false}, {"flash-v0 docs1024", "flash", "0", true}};
   const int64_t B = 1, S = 4096, doc_len = 1024;
@@ -239,6 +242,7 @@ int run(int argc, char** argv) {
   unsetenv("MXTRAIN_ATTENTION_VARIANT");
   unsetenv("MXTRAIN_ATTENTION_BWD_CONCURRENT");
   unsetenv("MXTRAIN_ATTENTION_DKV");
+  unsetenv("MXTRAIN_ATTENTION_DQ");
   return 0;
 }
 

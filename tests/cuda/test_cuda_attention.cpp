@@ -13,7 +13,7 @@
 // Document masks (AttnShape::doc_ids, packed rows): the same comparisons against the CPU twin given the same ids,
 // for short, long, tile-aligned and single-token documents. Head dims 64 and 128 run the flash kernels by
 // default; the *Reference* and *Variant1* tests run the same cases through MXTRAIN_ATTENTION=reference and
-// MXTRAIN_ATTENTION_VARIANT=1, and *WgmmaDkv* the Hopper dK/dV kernel, so every kernel the dispatch can pick is
+// MXTRAIN_ATTENTION_VARIANT=1, and *Wgmma* the Hopper backward kernels, so every kernel the dispatch can pick is
 // checked.
 #include <cuda_runtime.h>
 
@@ -300,43 +300,54 @@ TEST(CudaAttention, Variant1Kernels) {
   run_case({1, 2048, 4, 2, 128, 1.f}, 1140);
 }
 
-// The Hopper wgmma dK/dV kernel (attention_dkv_sm90.cu), required here (an error if it did not apply): GQA
-// groups of 1, 2 and 4, two batch rows, a peaky softmax; then the mma.sync kernel forced on the same kind of shape.
-TEST(CudaAttention, WgmmaDkvKernel) {
+// The Hopper wgmma backward kernels (attention_dkv_sm90.cu, attention_dq_sm90.cu), required here (an error if
+// they did not apply): GQA groups of 1, 2 and 4, two batch rows, a peaky softmax, the smallest seq; then each
+// beside the other's mma.sync kernel, then both mma.sync kernels forced on the same kind of shape.
+TEST(CudaAttention, WgmmaBackwardKernels) {
   MXT_REQUIRE_GPU();
   int major = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  if (major != 9) GTEST_SKIP() << "not an sm_90 GPU: the wgmma kernel does not apply";
+  if (major != 9) GTEST_SKIP() << "not an sm_90 GPU: the wgmma kernels do not apply";
   {
-    ScopedEnv env("MXTRAIN_ATTENTION_DKV", "wgmma");
+    ScopedEnv dkv("MXTRAIN_ATTENTION_DKV", "wgmma"), dq("MXTRAIN_ATTENTION_DQ", "wgmma");
     run_case({1, 256, 4, 2, 128, 1.f}, 1300);
     run_case({2, 384, 8, 2, 128, 1.f}, 1310);
     run_case({1, 1024, 4, 4, 128, 1.f}, 1320);
     run_case({1, 512, 8, 2, 128, 3.f}, 1330);
     run_case({1, 128, 4, 1, 128, 1.f}, 1340);
   }
-  ScopedEnv env("MXTRAIN_ATTENTION_DKV", "mma");
+  {
+    ScopedEnv dkv("MXTRAIN_ATTENTION_DKV", "wgmma"), dq("MXTRAIN_ATTENTION_DQ", "mma");
+    run_case({1, 384, 4, 2, 128, 1.f}, 1345);
+  }
+  {
+    ScopedEnv dkv("MXTRAIN_ATTENTION_DKV", "mma"), dq("MXTRAIN_ATTENTION_DQ", "wgmma");
+    run_case({1, 384, 4, 2, 128, 1.f}, 1346);
+  }
+  ScopedEnv dkv("MXTRAIN_ATTENTION_DKV", "mma"), dq("MXTRAIN_ATTENTION_DQ", "mma");
   run_case({1, 512, 4, 2, 128, 1.f}, 1350);
 }
 
 // Required but not applicable (seq not a multiple of 128): an error naming why, not a silent fallback.
-TEST(CudaAttention, WgmmaDkvRequiredWhereItDoesNotApply) {
+TEST(CudaAttention, WgmmaRequiredWhereItDoesNotApply) {
   MXT_REQUIRE_GPU();
-  ScopedEnv env("MXTRAIN_ATTENTION_DKV", "wgmma");
   auto gpu = make_cuda_ops();
   const AttnShape s{1, 300, 4, 2, 128, {}};
-  DeviceTensor q(*gpu, DType::BF16, {300, 4, 128}), k(*gpu, DType::BF16, {300, 2, 128}),
-      v(*gpu, DType::BF16, {300, 2, 128}), o(*gpu, DType::BF16, {300, 4, 128}), l(*gpu, DType::F32, {1, 4, 300}),
+  DeviceTensor q = upload(*gpu, rounded_randn(300 * 4 * 128, 1400, 1.f), DType::BF16, {300, 4, 128}),
+               k = upload(*gpu, rounded_randn(300 * 2 * 128, 1401, 1.f), DType::BF16, {300, 2, 128}),
+               v = upload(*gpu, rounded_randn(300 * 2 * 128, 1402, 1.f), DType::BF16, {300, 2, 128});
+  DeviceTensor o(*gpu, DType::BF16, {300, 4, 128}), l(*gpu, DType::F32, {1, 4, 300}),
       dq(*gpu, DType::BF16, {300, 4, 128}), dk(*gpu, DType::BF16, {300, 2, 128}), dv(*gpu, DType::BF16, {300, 2, 128});
-  gpu->zero(q);
-  gpu->zero(k);
-  gpu->zero(v);
   gpu->attention_forward(s, q, k, v, o, l);
-  try {
-    gpu->attention_backward(s, o, q, k, v, o, l, dq, dk, dv);
-    FAIL() << "no error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("seq 300"), std::string::npos) << e.what();
+  for (const char* var : {"MXTRAIN_ATTENTION_DKV", "MXTRAIN_ATTENTION_DQ"}) {
+    SCOPED_TRACE(var);
+    ScopedEnv env(var, "wgmma");
+    try {
+      gpu->attention_backward(s, o, q, k, v, o, l, dq, dk, dv);
+      FAIL() << "no error";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("seq 300"), std::string::npos) << e.what();
+    }
   }
 }
 

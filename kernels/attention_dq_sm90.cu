@@ -1,0 +1,214 @@
+// Attention backward dQ on Hopper (sm_90a) with wgmma: the counterpart of attention_dkv_sm90.cu (same shapes and
+// conditions, same tiles and descriptors) with the roles of queries and keys swapped. P is recomputed from the
+// forward's lse, dS = P * (dP - delta), dQ = scale dS K, accumulated in registers over the key tiles.
+//
+// CTA: 2 warpgroups (256 threads), one per (128-query tile, batch, head), the last query tiles (most keys)
+// first. Thread 0 loads the CTA's Q and dO tiles once and streams the K and V tiles of 64 keys through a
+// 3-stage ring (refilled two steps ahead, as in the dK/dV kernel). Each warpgroup owns 64 queries; per key tile:
+// S = Q K^T and dP = dO V^T (wgmma m64n64k16 from shared memory), the causal mask, P and dS in registers,
+// then dQ += dS K (m64n128k16, dS as the register A operand, K read N-major). The row statistics (lse2, delta)
+// of a thread's two rows stay in registers.
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "attention_sm90.hpp"
+#include "attention_sm90_host.cuh"
+#include "sm90_ptx.cuh"
+#include "sm90_wgmma.cuh"
+
+namespace mxt::cuda::attn {
+namespace {
+
+using sm90k::kBox;
+using sm90k::kD;
+using sm90k::TMaps;
+constexpr int kBM = 128;                 // queries per CTA: 2 warpgroups x 64
+constexpr int kBN = 64;                  // keys per step
+constexpr int kStages = 3;
+constexpr int kOffDO = 4 * kBox;         // Q: boxes [warpgroup][d chunk], then dO the same
+constexpr int kOffStages = 8 * kBox;
+constexpr int kStageK = 0, kStageV = 2 * kBox;
+constexpr int kStageBytes = 4 * kBox;
+constexpr int kOffBar = kOffStages + kStages * kStageBytes;
+constexpr int kSmem = kOffBar + (2 * kStages + 1) * 8 + 1024;  // + slack for 1024-byte alignment
+constexpr int kThreads = 256;
+
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_bwd_dq_sm90_kernel(const __grid_constant__ TMaps maps, const BwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace mxt::sm90;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  uint8_t* smem_ptr = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
+  const uint32_t smem = smem_u32(smem_ptr);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_ptr + kOffBar);
+  uint64_t* empty = full + kStages;
+  uint64_t* q_full = empty + kStages;
+
+  const int S = p.S, group = p.H / p.KVH;
+  const int n_bh = p.B * p.H;
+  const int n_qt = S / kBM;
+  const int qt = n_qt - 1 - static_cast<int>(blockIdx.x) / n_bh;
+  const int bh = static_cast<int>(blockIdx.x) % n_bh;
+  const int b = bh / p.H, h = bh % p.H;
+  const int kvh = h / group;
+  const int q0 = qt * kBM;
+  const int n_steps = (q0 + kBM) / kBN;  // key tiles up to the CTA's last query
+  const int tid = threadIdx.x;
+
+  if (tid == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], 8);  // one arrival per warp
+    }
+    mbar_init(q_full, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  auto issue = [&](int step, int st_i) {
+    mbar_arrive_expect_tx(&full[st_i], kStageBytes);
+    const uint32_t st = smem + kOffStages + st_i * kStageBytes, bar = smem_u32(&full[st_i]);
+    for (int c = 0; c < 2; ++c) {
+      tma_load_2d(st + kStageK + c * kBox, &maps.k, bar, kvh * kD + 64 * c, b * S + step * kBN);
+      tma_load_2d(st + kStageV + c * kBox, &maps.v, bar, kvh * kD + 64 * c, b * S + step * kBN);
+    }
+  };
+  if (tid == 0) {
+    mbar_arrive_expect_tx(q_full, 8 * kBox);
+    const uint32_t qb = smem_u32(q_full);
+    for (int w = 0; w < 2; ++w)
+      for (int c = 0; c < 2; ++c) {
+        tma_load_2d(smem + (2 * w + c) * kBox, &maps.q, qb, h * kD + 64 * c, b * S + q0 + 64 * w);
+        tma_load_2d(smem + kOffDO + (2 * w + c) * kBox, &maps.dout, qb, h * kD + 64 * c, b * S + q0 + 64 * w);
+      }
+    for (int i = 0; i < kStages && i < n_steps; ++i) issue(i, i);
+  }
+
+  const int w = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  const int g = lane / 4, c4 = lane % 4;
+  const int row0 = q0 + 64 * w + 16 * warp + g;  // this thread's queries: row0 and row0 + 8
+  const int64_t stat = (static_cast<int64_t>(b) * p.H + h) * S + row0;
+  const float lse_a = p.lse2[stat], lse_b = p.lse2[stat + 8];
+  const float dl_a = p.delta[stat], dl_b = p.delta[stat + 8];
+  float dq[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) dq[i] = 0.f;
+  const uint32_t qa = smem + (2 * w) * kBox, da = smem + kOffDO + (2 * w) * kBox;
+  mbar_wait(q_full, 0);
+
+  int s = 0;
+  uint32_t phase = 0;
+  for (int step = 0; step < n_steps; ++step) {
+    const int n0 = step * kBN;
+    if (tid == 0 && step >= 1 && step - 1 + kStages < n_steps) {
+      const int rs = (step - 1) % kStages;  // released by both warpgroups at the end of step - 1
+      mbar_wait(&empty[rs], static_cast<uint32_t>((step - 1) / kStages) & 1u);
+      issue(step - 1 + kStages, rs);
+    }
+    __syncwarp();
+    mbar_wait(&full[s], phase);
+    const uint32_t st = smem + kOffStages + s * kStageBytes;
+
+    // S = Q K^T, dP = dO V^T: 64 queries x 64 keys each, contracted over d in two 64-wide boxes.
+    float sa[32], pa[32];
+    wgmma_fence();
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        wgmma_m64n64k16<0, 0>(sa, smem_desc(qa + c * kBox + k * 32, 16, 1024),
+                              smem_desc(st + kStageK + c * kBox + k * 32, 16, 1024), (c | k) != 0);
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        wgmma_m64n64k16<0, 0>(pa, smem_desc(da + c * kBox + k * 32, 16, 1024),
+                              smem_desc(st + kStageV + c * kBox + k * 32, 16, 1024), (c | k) != 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      fence_operand(sa[i]);
+      fence_operand(pa[i]);
+    }
+
+    // dS = P (dP - delta) into pa; keys after the query are masked (a select, no branch).
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hi = e >> 1;
+        const int q = row0 + 8 * hi, key = n0 + 8 * j + 2 * c4 + (e & 1);
+        float pr = fast_exp2(fmaf(sa[4 * j + e], p.scale_log2, -(hi ? lse_b : lse_a)));
+        pr = key <= q ? pr : 0.f;
+        pa[4 * j + e] = pr * (pa[4 * j + e] - (hi ? dl_b : dl_a));
+      }
+
+    // dQ += dS K: k = 16 keys per wgmma.
+    uint32_t fd[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      fd[kk][0] = pack_bf16(pa[8 * kk + 0], pa[8 * kk + 1]);
+      fd[kk][1] = pack_bf16(pa[8 * kk + 2], pa[8 * kk + 3]);
+      fd[kk][2] = pack_bf16(pa[8 * kk + 4], pa[8 * kk + 5]);
+      fd[kk][3] = pack_bf16(pa[8 * kk + 6], pa[8 * kk + 7]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_m64n128k16_rs<1>(dq, fd[kk], smem_desc(st + kStageK + kk * 2048, kBox, 1024), 1u);
+    wgmma_commit();
+    wgmma_wait<0>();
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+    if (++s == kStages) {
+      s = 0;
+      phase ^= 1u;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) fence_operand(dq[i]);
+
+  // dQ = scale * dq: bf16 pairs straight from the accumulators.
+  const int64_t q_stride = static_cast<int64_t>(p.H) * kD;
+  const int64_t r0 = (static_cast<int64_t>(b) * S + row0) * q_stride + static_cast<int64_t>(h) * kD;
+  const int64_t r1 = r0 + 8 * q_stride;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int col = 8 * j + 2 * c4;
+    *reinterpret_cast<uint32_t*>(p.dq + r0 + col) = pack_bf16(dq[4 * j] * p.scale, dq[4 * j + 1] * p.scale);
+    *reinterpret_cast<uint32_t*>(p.dq + r1 + col) = pack_bf16(dq[4 * j + 2] * p.scale, dq[4 * j + 3] * p.scale);
+  }
+#else
+  __trap();  // built without sm_90a: the host never launches this
+#endif
+}
+
+}  // namespace
+
+bool try_dq_sm90(const Geom& G, const BwdParams& p, int device, cudaStream_t stream) {
+  const char* op = "attention_backward";
+  const sm90k::Mode mode = sm90k::env_mode("MXTRAIN_ATTENTION_DQ", op);
+  if (mode == sm90k::Mode::Off) return false;
+  static std::atomic<int> cache[64];
+  TMaps maps{};
+  const std::string why =
+      sm90k::check_applies(G, p, device, reinterpret_cast<const void*>(attn_bwd_dq_sm90_kernel), cache, maps);
+  if (!why.empty()) {
+    if (mode == sm90k::Mode::Require)
+      fail(op, "MXTRAIN_ATTENTION_DQ=wgmma, but the sm90 dQ kernel does not apply: " + why);
+    return false;
+  }
+  static const bool smem_ok = (set_smem(attn_bwd_dq_sm90_kernel, kSmem, op), true);
+  (void)smem_ok;
+  const int64_t blocks = static_cast<int64_t>(G.S / kBM) * G.B * G.H;
+  attn_bwd_dq_sm90_kernel<<<grid_1d(blocks, op), kThreads, kSmem, stream>>>(maps, p);
+  check_launch(op);
+  return true;
+}
+
+}  // namespace mxt::cuda::attn
