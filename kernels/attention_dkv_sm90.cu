@@ -21,12 +21,10 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "attention_sm90.hpp"
-#include "attention_sm90_host.cuh"
+#include "attention_sm90_common.cuh"
 #include "sm90_ptx.cuh"
 #include "sm90_wgmma.cuh"
 
@@ -133,18 +131,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // S^T = K Q^T, dP^T = V dO^T: 64 keys x 64 queries each, contracted over d in two 64-wide boxes.
     float sa[32], pa[32];
     wgmma_fence();
-#pragma unroll
-    for (int c = 0; c < 2; ++c)
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        wgmma_m64n64k16<0, 0>(sa, smem_desc(kb + c * kBox + k * 32, 16, 1024),
-                              smem_desc(st + kStageQ + c * kBox + k * 32, 16, 1024), (c | k) != 0);
-#pragma unroll
-    for (int c = 0; c < 2; ++c)
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        wgmma_m64n64k16<0, 0>(pa, smem_desc(vb + c * kBox + k * 32, 16, 1024),
-                              smem_desc(st + kStageDO + c * kBox + k * 32, 16, 1024), (c | k) != 0);
+    sm90k::mma_rows_d128(sa, kb, st + kStageQ);
+    sm90k::mma_rows_d128(pa, vb, st + kStageDO);
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
@@ -206,15 +194,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // dK = scale * dk, dV = dv: bf16 pairs straight from the accumulators.
   const int64_t kv_stride = static_cast<int64_t>(p.KVH) * kD;
   const int64_t r0 = (static_cast<int64_t>(b) * S + key0) * kv_stride + static_cast<int64_t>(kvh) * kD;
-  const int64_t r1 = r0 + 8 * kv_stride;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int col = 8 * j + 2 * c4;
-    *reinterpret_cast<uint32_t*>(p.dk + r0 + col) = pack_bf16(dk[4 * j] * p.scale, dk[4 * j + 1] * p.scale);
-    *reinterpret_cast<uint32_t*>(p.dk + r1 + col) = pack_bf16(dk[4 * j + 2] * p.scale, dk[4 * j + 3] * p.scale);
-    *reinterpret_cast<uint32_t*>(p.dv + r0 + col) = pack_bf16(dv[4 * j], dv[4 * j + 1]);
-    *reinterpret_cast<uint32_t*>(p.dv + r1 + col) = pack_bf16(dv[4 * j + 2], dv[4 * j + 3]);
-  }
+  sm90k::store_acc_bf16(p.dk, r0, r0 + 8 * kv_stride, dk, p.scale, c4);
+  sm90k::store_acc_bf16(p.dv, r0, r0 + 8 * kv_stride, dv, 1.f, c4);
 #else
   __trap();  // built without sm_90a: the host never launches this
 #endif
@@ -223,24 +204,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 bool try_dkv_sm90(const Geom& G, const BwdParams& p, int device, cudaStream_t stream) {
-  const char* op = "attention_backward";
-  const sm90k::Mode mode = sm90k::env_mode("MXTRAIN_ATTENTION_DKV", op);
-  if (mode == sm90k::Mode::Off) return false;
   static std::atomic<int> cache[64];
-  TMaps maps{};
-  const std::string why =
-      sm90k::check_applies(G, p, device, reinterpret_cast<const void*>(attn_bwd_dkv_sm90_kernel), cache, maps);
-  if (!why.empty()) {
-    if (mode == sm90k::Mode::Require)
-      fail(op, "MXTRAIN_ATTENTION_DKV=wgmma, but the sm90 dK/dV kernel does not apply: " + why);
-    return false;
-  }
-  static const bool smem_ok = (set_smem(attn_bwd_dkv_sm90_kernel, kSmem, op), true);
-  (void)smem_ok;
-  const int64_t blocks = static_cast<int64_t>(G.S / kBN) * G.B * G.KVH;
-  attn_bwd_dkv_sm90_kernel<<<grid_1d(blocks, op), kThreads, kSmem, stream>>>(maps, p);
-  check_launch(op);
-  return true;
+  static std::atomic<bool> smem_set{false};
+  return sm90k::try_launch(attn_bwd_dkv_sm90_kernel, "MXTRAIN_ATTENTION_DKV", "dK/dV", G, p, device, stream, cache,
+                           smem_set, static_cast<int64_t>(G.S / kBN) * G.B * G.KVH, kThreads, kSmem);
 }
 
 }  // namespace mxt::cuda::attn

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "attention_sm90.hpp"
-#include "attention_sm90_host.cuh"
+#include "attention_sm90_common.cuh"
 #include "sm90_ptx.cuh"
 #include "sm90_wgmma.cuh"
 
@@ -116,18 +116,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // S = Q K^T, dP = dO V^T: 64 queries x 64 keys each, contracted over d in two 64-wide boxes.
     float sa[32], pa[32];
     wgmma_fence();
-#pragma unroll
-    for (int c = 0; c < 2; ++c)
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        wgmma_m64n64k16<0, 0>(sa, smem_desc(qa + c * kBox + k * 32, 16, 1024),
-                              smem_desc(st + kStageK + c * kBox + k * 32, 16, 1024), (c | k) != 0);
-#pragma unroll
-    for (int c = 0; c < 2; ++c)
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        wgmma_m64n64k16<0, 0>(pa, smem_desc(da + c * kBox + k * 32, 16, 1024),
-                              smem_desc(st + kStageV + c * kBox + k * 32, 16, 1024), (c | k) != 0);
+    sm90k::mma_rows_d128(sa, qa, st + kStageK);
+    sm90k::mma_rows_d128(pa, da, st + kStageV);
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
@@ -176,13 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // dQ = scale * dq: bf16 pairs straight from the accumulators.
   const int64_t q_stride = static_cast<int64_t>(p.H) * kD;
   const int64_t r0 = (static_cast<int64_t>(b) * S + row0) * q_stride + static_cast<int64_t>(h) * kD;
-  const int64_t r1 = r0 + 8 * q_stride;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int col = 8 * j + 2 * c4;
-    *reinterpret_cast<uint32_t*>(p.dq + r0 + col) = pack_bf16(dq[4 * j] * p.scale, dq[4 * j + 1] * p.scale);
-    *reinterpret_cast<uint32_t*>(p.dq + r1 + col) = pack_bf16(dq[4 * j + 2] * p.scale, dq[4 * j + 3] * p.scale);
-  }
+  sm90k::store_acc_bf16(p.dq, r0, r0 + 8 * q_stride, dq, p.scale, c4);
 #else
   __trap();  // built without sm_90a: the host never launches this
 #endif
@@ -191,24 +175,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 bool try_dq_sm90(const Geom& G, const BwdParams& p, int device, cudaStream_t stream) {
-  const char* op = "attention_backward";
-  const sm90k::Mode mode = sm90k::env_mode("MXTRAIN_ATTENTION_DQ", op);
-  if (mode == sm90k::Mode::Off) return false;
   static std::atomic<int> cache[64];
-  TMaps maps{};
-  const std::string why =
-      sm90k::check_applies(G, p, device, reinterpret_cast<const void*>(attn_bwd_dq_sm90_kernel), cache, maps);
-  if (!why.empty()) {
-    if (mode == sm90k::Mode::Require)
-      fail(op, "MXTRAIN_ATTENTION_DQ=wgmma, but the sm90 dQ kernel does not apply: " + why);
-    return false;
-  }
-  static const bool smem_ok = (set_smem(attn_bwd_dq_sm90_kernel, kSmem, op), true);
-  (void)smem_ok;
-  const int64_t blocks = static_cast<int64_t>(G.S / kBM) * G.B * G.H;
-  attn_bwd_dq_sm90_kernel<<<grid_1d(blocks, op), kThreads, kSmem, stream>>>(maps, p);
-  check_launch(op);
-  return true;
+  static std::atomic<bool> smem_set{false};
+  return sm90k::try_launch(attn_bwd_dq_sm90_kernel, "MXTRAIN_ATTENTION_DQ", "dQ", G, p, device, stream, cache,
+                           smem_set, static_cast<int64_t>(G.S / kBM) * G.B * G.H, kThreads, kSmem);
 }
 
 }  // namespace mxt::cuda::attn

@@ -29,22 +29,29 @@ struct InvFreq {
 
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
+// The token's bf16-rounded cos / sign * sin into shared memory, between barriers (the previous token's values
+// are no longer read when they are overwritten).
+__device__ __forceinline__ void token_cos_sin(float* cs, float* sn, int32_t pos, const InvFreq& inv_freq, float sign,
+                                              int half) {
+  __syncthreads();
+  const float p = static_cast<float>(pos);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float a = __fmul_rn(p, inv_freq.v[i]);
+    float s, c;
+    sincosf(a, &s, &c);
+    cs[i] = round_bf16(c);
+    sn[i] = sign * round_bf16(s);
+  }
+  __syncthreads();
+}
+
 // One block per token (grid-stride): cos/sin of the token's angles into shared memory, then all heads.
 __global__ void rope_kernel(bf16* __restrict__ x, const int32_t* __restrict__ pos, const InvFreq inv_freq,
                             float sign, int64_t T, int64_t H, int half) {
   __shared__ float cs[kMaxHalf], sn[kMaxHalf];
   const int64_t D = 2 * static_cast<int64_t>(half);
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-    __syncthreads();  // the previous token's cs/sn are no longer read
-    const float p = static_cast<float>(pos[t]);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-      const float a = __fmul_rn(p, inv_freq.v[i]);
-      float s, c;
-      sincosf(a, &s, &c);
-      cs[i] = round_bf16(c);
-      sn[i] = sign * round_bf16(s);
-    }
-    __syncthreads();
+    token_cos_sin(cs, sn, pos[t], inv_freq, sign, half);
     bf16* xt = x + t * H * D;
     const int64_t pairs = H * half;
     for (int64_t k = threadIdx.x; k < pairs; k += blockDim.x) {
@@ -65,16 +72,7 @@ __global__ void rope_vec_kernel(bf16* __restrict__ x, const int32_t* __restrict_
   __shared__ float cs[kMaxHalf], sn[kMaxHalf];
   const int64_t D = 2 * static_cast<int64_t>(half);
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-    __syncthreads();
-    const float p = static_cast<float>(pos[t]);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-      const float a = __fmul_rn(p, inv_freq.v[i]);
-      float s, c;
-      sincosf(a, &s, &c);
-      cs[i] = round_bf16(c);
-      sn[i] = sign * round_bf16(s);
-    }
-    __syncthreads();
+    token_cos_sin(cs, sn, pos[t], inv_freq, sign, half);
     bf16* xt = x + t * H * D;
     const int groups = half / 8;
     const int64_t n = H * groups;

@@ -1,6 +1,7 @@
 #pragma once
-// Host side shared by the Hopper wgmma attention backward kernels (attention_dkv_sm90.cu, attention_dq_sm90.cu):
-// when they apply, their tensor maps, and the environment switches that force or disable them.
+// Shared by the Hopper wgmma attention backward kernels (attention_dkv_sm90.cu, attention_dq_sm90.cu): when they
+// apply, their tensor maps, the environment switches that force or disable them, the launch, and the epilogue
+// store of an m64n128 accumulator.
 #include <cuda.h>
 
 #include <atomic>
@@ -12,6 +13,8 @@
 #include "attention_common.cuh"
 #include "attention_flash_bwd.cuh"
 #include "sm90_host.cuh"
+#include "sm90_ptx.cuh"
+#include "sm90_wgmma.cuh"
 
 namespace mxt::cuda::attn::sm90k {
 
@@ -61,6 +64,51 @@ inline std::string check_applies(const Geom& G, const BwdParams& p, int device, 
         make_rows_map(maps.dout, p.dout, G.T, static_cast<int64_t>(G.H) * kD)))
     return "a tensor map the driver rejects";
   return "";
+}
+
+// Launches kernel<<<blocks, threads, smem>>>(maps, p) on `stream` where it applies and returns true; false
+// (nothing launched) where it does not or `env` says mma; an error where it does not and `env` says wgmma.
+// `smem_set` and `cache` are the kernel's own (one-time shared-memory opt-in, per-device sm_90a check).
+inline bool try_launch(void (*kernel)(TMaps, BwdParams), const char* env, const char* what, const Geom& G,
+                       const BwdParams& p, int device, cudaStream_t stream, std::atomic<int> (&cache)[64],
+                       std::atomic<bool>& smem_set, int64_t blocks, int threads, int smem) {
+  const char* op = "attention_backward";
+  const Mode mode = env_mode(env, op);
+  if (mode == Mode::Off) return false;
+  TMaps maps{};
+  const std::string why = check_applies(G, p, device, reinterpret_cast<const void*>(kernel), cache, maps);
+  if (!why.empty()) {
+    if (mode == Mode::Require)
+      fail(op, std::string(env) + "=wgmma, but the sm90 " + what + " kernel does not apply: " + why);
+    return false;
+  }
+  if (!smem_set.exchange(true)) set_smem(kernel, static_cast<size_t>(smem), op);
+  kernel<<<grid_1d(blocks, op), threads, smem, stream>>>(maps, p);
+  check_launch(op);
+  return true;
+}
+
+// acc[64 x 64] = A B^T with A and B both [64 rows][128 d] as two [64][64] boxes at shared addresses a and b
+// (K-major, contracted over d): S = Q K^T, dP = dO V^T and their transposes.
+__device__ __forceinline__ void mma_rows_d128(float (&acc)[32], uint32_t a, uint32_t b) {
+#pragma unroll
+  for (int c = 0; c < 2; ++c)
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      sm90::wgmma_m64n64k16<0, 0>(acc, sm90::smem_desc(a + c * kBox + k * 32, 16, 1024),
+                                  sm90::smem_desc(b + c * kBox + k * 32, 16, 1024), (c | k) != 0);
+}
+
+// Rows r0 and r0 + 8 (element offsets) of a bf16 output from this thread's part of an m64n128 wgmma accumulator,
+// times `scale` (c4 = lane % 4).
+__device__ __forceinline__ void store_acc_bf16(uint16_t* out, int64_t r0, int64_t r1, const float (&acc)[64],
+                                               float scale, int c4) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int col = 8 * j + 2 * c4;
+    *reinterpret_cast<uint32_t*>(out + r0 + col) = pack_bf16(acc[4 * j] * scale, acc[4 * j + 1] * scale);
+    *reinterpret_cast<uint32_t*>(out + r1 + col) = pack_bf16(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale);
+  }
 }
 
 }  // namespace mxt::cuda::attn::sm90k
