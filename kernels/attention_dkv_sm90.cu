@@ -69,14 +69,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_steps = group * n_qt;
   const int tid = threadIdx.x;
 
-  if (tid == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      mbar_init(&full[i], 1);
-      mbar_init(&empty[i], 8);  // one arrival per consumer warp
-    }
-    mbar_init(kv_full, 1);
-    fence_barrier_init();
-  }
+  if (tid == 0) sm90k::init_ring(full, empty, kStages, kv_full);
   __syncthreads();
 
   // Thread 0's loads: K and V once; the Q / dO / statistics of `step` into stage `st_i`.
@@ -159,17 +152,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // dV += P^T dO, dK += dS^T Q: k = 16 queries per wgmma.
     uint32_t fp[4][4], fd[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      fp[kk][0] = pack_bf16(sa[8 * kk + 0], sa[8 * kk + 1]);
-      fp[kk][1] = pack_bf16(sa[8 * kk + 2], sa[8 * kk + 3]);
-      fp[kk][2] = pack_bf16(sa[8 * kk + 4], sa[8 * kk + 5]);
-      fp[kk][3] = pack_bf16(sa[8 * kk + 6], sa[8 * kk + 7]);
-      fd[kk][0] = pack_bf16(pa[8 * kk + 0], pa[8 * kk + 1]);
-      fd[kk][1] = pack_bf16(pa[8 * kk + 2], pa[8 * kk + 3]);
-      fd[kk][2] = pack_bf16(pa[8 * kk + 4], pa[8 * kk + 5]);
-      fd[kk][3] = pack_bf16(pa[8 * kk + 6], pa[8 * kk + 7]);
-    }
+    sm90k::pack_a_frags(sa, fp);
+    sm90k::pack_a_frags(pa, fd);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {

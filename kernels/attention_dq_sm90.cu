@@ -59,14 +59,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_steps = (q0 + kBM) / kBN;  // key tiles up to the CTA's last query
   const int tid = threadIdx.x;
 
-  if (tid == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      mbar_init(&full[i], 1);
-      mbar_init(&empty[i], 8);  // one arrival per warp
-    }
-    mbar_init(q_full, 1);
-    fence_barrier_init();
-  }
+  if (tid == 0) sm90k::init_ring(full, empty, kStages, q_full);
   __syncthreads();
 
   auto issue = [&](int step, int st_i) {
@@ -140,13 +133,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // dQ += dS K: k = 16 keys per wgmma.
     uint32_t fd[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      fd[kk][0] = pack_bf16(pa[8 * kk + 0], pa[8 * kk + 1]);
-      fd[kk][1] = pack_bf16(pa[8 * kk + 2], pa[8 * kk + 3]);
-      fd[kk][2] = pack_bf16(pa[8 * kk + 4], pa[8 * kk + 5]);
-      fd[kk][3] = pack_bf16(pa[8 * kk + 6], pa[8 * kk + 7]);
-    }
+    sm90k::pack_a_frags(pa, fd);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)

@@ -99,6 +99,26 @@ __device__ __forceinline__ void mma_rows_d128(float (&acc)[32], uint32_t a, uint
                                   sm90::smem_desc(b + c * kBox + k * 32, 16, 1024), (c | k) != 0);
 }
 
+// The register A operands of four k16 steps from a 64 x 64 accumulator: step kk takes its n8 blocks 2kk and
+// 2kk + 1, packed to bf16 pairs (the accumulator layout is the A fragment layout).
+__device__ __forceinline__ void pack_a_frags(const float (&acc)[32], uint32_t (&f)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) f[kk][r] = pack_bf16(acc[8 * kk + 2 * r], acc[8 * kk + 2 * r + 1]);
+}
+
+// Barriers of a ring of `stages` stages filled by one thread (full: its arrive.expect_tx) and drained by the 8
+// warps of two warpgroups (empty), plus one for the tiles loaded once; by thread 0, before a __syncthreads.
+__device__ __forceinline__ void init_ring(uint64_t* full, uint64_t* empty, int stages, uint64_t* once) {
+  for (int i = 0; i < stages; ++i) {
+    sm90::mbar_init(&full[i], 1);
+    sm90::mbar_init(&empty[i], 8);
+  }
+  sm90::mbar_init(once, 1);
+  sm90::fence_barrier_init();
+}
+
 // Rows r0 and r0 + 8 (element offsets) of a bf16 output from this thread's part of an m64n128 wgmma accumulator,
 // times `scale` (c4 = lane % 4).
 __device__ __forceinline__ void store_acc_bf16(uint16_t* out, int64_t r0, int64_t r1, const float (&acc)[64],
