@@ -24,6 +24,8 @@ float* f32(const Tensor& t, const char* op, const char* arg);
 bf16* bf16p(const Tensor& t, const char* op, const char* arg);
 int32_t* i32(const Tensor& t, const char* op, const char* arg);
 void expect_numel(const Tensor& t, int64_t n, const char* op, const char* arg);
+// t is [rows, ...] with rows * cols elements; else an error naming arg and both shapes.
+void expect_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* arg);
 void expect_dtype(const Tensor& t, DType d, const char* op, const char* arg);
 
 inline unsigned blocks_for(int64_t n, int threads) {

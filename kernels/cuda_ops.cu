@@ -35,6 +35,13 @@ int32_t* i32(const Tensor& t, const char* op, const char* arg) {
   expect(t, DType::I32, op, arg);
   return static_cast<int32_t*>(t.data);
 }
+void expect_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* arg) {
+  const int64_t lead = t.ndim ? t.shape[0] : 0;
+  if (lead != rows || t.numel() != rows * cols)
+    fail(op, std::string(arg) + " has shape " + t.shape_str() + ", expected " + std::to_string(rows) + " rows of " +
+                 std::to_string(cols) + " elements");
+}
+
 void expect_numel(const Tensor& t, int64_t n, const char* op, const char* arg) {
   if (t.numel() != n)
     fail(op, std::string(arg) + " must have " + std::to_string(n) + " elements, got " + t.shape_str());

@@ -269,12 +269,7 @@ Groups check_groups(const Tensor& W, const Tensor& offsets, const char* op, cons
   return g;
 }
 
-void expect_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* arg) {
-  const int64_t lead = t.ndim ? t.shape[0] : 0;
-  if (lead != rows || t.numel() != rows * cols)
-    cuda::fail(op, std::string(arg) + " has shape " + t.shape_str() + ", expected " + std::to_string(rows) +
-                       " rows of " + std::to_string(cols) + " elements");
-}
+using cuda::expect_rows;
 
 void check_limits(const char* op, int64_t R, int64_t E) {
   if (R > INT32_MAX) cuda::fail(op, "row count " + std::to_string(R) + " exceeds the I32 offsets' range");

@@ -31,12 +31,7 @@ constexpr int32_t kIgnore = -100;
 constexpr int kRowThreads = 512;
 constexpr int kReduceThreads = 1024;
 
-void expect_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* arg) {
-  const int64_t lead = t.ndim ? t.shape[0] : 0;
-  if (lead != rows || t.numel() != rows * cols)
-    cuda::fail(op, std::string(arg) + " has shape " + t.shape_str() + ", expected " + std::to_string(rows) +
-                       " rows of " + std::to_string(cols) + " elements");
-}
+using cuda::expect_rows;
 
 // Block-wide max (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
 __device__ float block_max(float v) {

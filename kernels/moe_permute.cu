@@ -16,12 +16,7 @@
 namespace mxt {
 namespace {
 
-void expect_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* arg) {
-  const int64_t lead = t.ndim ? t.shape[0] : 0;
-  if (lead != rows || t.numel() != rows * cols)
-    cuda::fail(op, std::string(arg) + " has shape " + t.shape_str() + ", expected " + std::to_string(rows) +
-                       " rows of " + std::to_string(cols) + " elements");
-}
+using cuda::expect_rows;
 
 constexpr int kPlanThreads = 512;  // multiple of 32, <= 1024
 constexpr int kPlanItems = 4;      // consecutive slots per thread in the scatter pass

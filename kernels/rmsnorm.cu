@@ -154,12 +154,7 @@ __global__ void rmsnorm_dw_reduce_kernel(const float* __restrict__ partials, int
   dw[j] = static_cast<float>(static_cast<double>(dw[j]) + s);
 }
 
-void expect_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* arg) {
-  const int64_t lead = t.ndim ? t.shape[0] : 0;
-  if (lead != rows || t.numel() != rows * cols)
-    cuda::fail(op, std::string(arg) + " has shape " + t.shape_str() + ", expected " + std::to_string(rows) +
-                       " rows of " + std::to_string(cols) + " elements");
-}
+using cuda::expect_rows;
 
 unsigned row_grid(int64_t T) { return static_cast<unsigned>(T < 65535 * 16 ? T : 65535 * 16); }
 

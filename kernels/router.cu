@@ -21,12 +21,7 @@ constexpr int kWarpsPerBlock = 4;               // tokens per block
 constexpr unsigned kFull = 0xffffffffu;
 
 // t must have `rows` leading rows and rows*cols elements (like the CPU twin's expect_2d).
-void expect_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* arg) {
-  const int64_t lead = t.ndim ? t.shape[0] : 0;
-  if (lead != rows || t.numel() != rows * cols)
-    cuda::fail(op, std::string(arg) + " has shape " + t.shape_str() + ", expected " + std::to_string(rows) +
-                       " rows of " + std::to_string(cols) + " elements");
-}
+using cuda::expect_rows;
 
 unsigned warp_blocks(int64_t T) { return static_cast<unsigned>((T + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 

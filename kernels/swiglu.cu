@@ -11,12 +11,7 @@
 namespace mxt {
 namespace {
 
-void expect_rows(const Tensor& t, int64_t rows, int64_t cols, const char* op, const char* arg) {
-  const int64_t lead = t.ndim ? t.shape[0] : 0;
-  if (lead != rows || t.numel() != rows * cols)
-    cuda::fail(op, std::string(arg) + " has shape " + t.shape_str() + ", expected " + std::to_string(rows) +
-                       " rows of " + std::to_string(cols) + " elements");
-}
+using cuda::expect_rows;
 
 constexpr int kThreads = 256;
 
