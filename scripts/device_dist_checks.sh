@@ -29,6 +29,8 @@
 #             it (parallelism.overlap_grad_reduce): losses side by side, tokens/s, stage and NCCL timing
 #   ov8x7b    8x7B layer shapes, 2 layers, EP=2, MXFP8, 4 steps of acc 8: the backward overlap on (0 and 16 SMs left
 #             to NCCL) and off: tokens/s and the overlapped exchange's time
+#   speed     issue 4's single-GPU figures in one call: bench_attention (8x1B, 8x7B shapes) beside PyTorch's SDPA,
+#             bench_grouped_gemm beside cuBLASLt, scripts/bench_trainer.py (8x1B, 8x7B 2 layers) beside the HF baseline
 #   ep8x7b    8x7B layer shapes, 8 layers (6 if 8 do not fit), EP=2 on 2 GPUs, MXFP8 then bf16: memory plan vs
 #             measured peak, tokens/s per GPU, NCCL time and stage times (L1_8x7B_ep's settings, so since 4ad8b99
 #             with recompute_experts and per-layer columnwise weight copies)
@@ -212,6 +214,23 @@ PY
       num_train_steps=30 lr_scheduler_kwargs.num_decay_steps=20 logger.frequency=1 cuda_graphs=false \
       output_dir="$OUT/l0_eager" >"$OUT/l0_eager.log" 2>&1
     add "L0_sanity eager (cuda_graphs=false)" "rc=$? $(metrics eager="$OUT/l0_eager/metrics.jsonl" | sed 's/.*median//')"
+    ;;
+  speed)
+    export CUDA_VISIBLE_DEVICES=0
+    for sh in 8x1B 8x7B; do
+      timeout 120 "$BIN_DIR/bench_attention" --shape $sh --no-reference >"$OUT/speed_attn_$sh.log" 2>&1
+      add "bench_attention $sh" "rc=$?"
+    done
+    timeout 120 python3 scripts/bench_attention_torch.py >"$OUT/speed_attn_torch.log" 2>&1
+    add "torch SDPA bench" "rc=$?"
+    timeout 240 "$BIN_DIR/bench_grouped_gemm" --no-wmma --no-cluster --shape 8x7B >"$OUT/speed_gg.log" 2>&1
+    add "bench_grouped_gemm 8x7B" "rc=$?"
+    timeout 400 python3 scripts/bench_trainer.py --mxtrain "$MX" --hf-baseline "$BIN_DIR/hf_baseline.py" \
+      --out "$OUT/speed_trainer" 8x1B 8x7B-2layer >"$OUT/speed_trainer.log" 2>&1
+    add "trainer vs HF (8x1B, 8x7B 2 layers)" "rc=$?"
+    unset CUDA_VISIBLE_DEVICES
+    grep -hE "^8x(1|7)B .*(flash-v0 |torch-flash|torch-cudnn)" "$OUT"/speed_attn_*.log
+    grep -h '^|' "$OUT/speed_gg.log" "$OUT/speed_trainer.log"
     ;;
   study)
     CUDA_VISIBLE_DEVICES=0 timeout 200 python3 scripts/router_precision_study.py >"$OUT/router_study.log" 2>&1
