@@ -1,7 +1,8 @@
 // Independent kernels on two streams: the attention backward's dQ beside its dK/dV kernel
 // (MXTRAIN_ATTENTION_BWD_CONCURRENT, default on). Every output element is still written by one CTA in a fixed
 // order, so training gives the serial run's losses and weights bit for bit, eager and under CUDA graphs (the
-// fork and join are captured).
+// fork and join are captured). The model's head_dim 128 takes the flash kernels (the Hopper wgmma ones on an
+// H200), which the small test models elsewhere (head_dim 16) do not reach.
 // Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -40,7 +41,13 @@ TEST(CudaConcurrent, TwoStreamBackwardGivesTheSerialBits) {
   MXT_REQUIRE_GPU();
   for (bool graphs : {false, true}) {
     SCOPED_TRACE(graphs ? "cuda_graphs" : "eager");
-    TrainConfig c = testing::tiny_config("mxtrain_test_cuda_concurrent", 64, 128);
+    // head_dim 128, GQA 2:1, seq 128: the flash path, and on Hopper its wgmma backward kernels
+    TrainConfig c = testing::tiny_config("mxtrain_test_cuda_concurrent", 256, 128);
+    c.model.num_attention_heads = 2;
+    c.model.num_key_value_heads = 1;
+    c.model.max_position_embeddings = 128;
+    c.dataset.max_seq_length = 128;
+    c.dataset.stride = 64;
     c.num_train_steps = 5;
     c.grad_acc_steps = 2;
     c.lr_scheduler = {2, 3, 0.1};
