@@ -152,6 +152,25 @@ TEST(CheckpointTrainer, RetentionKeepsTheNewestAndLeavesNoTemporaries) {
   EXPECT_EQ(std::distance(fs::directory_iterator(c.checkpoint.ckpt_dir), fs::directory_iterator()), 2);
 }
 
+// As left by a kill after a save's commit but before its retention ran (one checkpoint too many, a removal
+// half done): the next run has nothing left to train, so its resume must tidy up.
+TEST(CheckpointTrainer, ResumeAppliesRetentionLeftUndoneByAKill) {
+  TrainConfig c = tiny("retention_on_resume");
+  c.num_train_steps = 5;
+  c.checkpoint.save_every_n_steps = 1;
+  c.checkpoint.max_checkpoints = 0;
+  run(c);
+  fs::create_directory(c.checkpoint.ckpt_dir + "/step_1.trash");
+  fs::create_directory(c.checkpoint.ckpt_dir + "/step_6.tmp");
+  c.checkpoint.max_checkpoints = 3;
+  run(c);
+  const auto found = find_checkpoints(c.checkpoint.ckpt_dir);
+  ASSERT_EQ(found.size(), 3u);
+  EXPECT_EQ(found[0].first, 5);
+  EXPECT_EQ(found[2].first, 3);
+  EXPECT_EQ(std::distance(fs::directory_iterator(c.checkpoint.ckpt_dir), fs::directory_iterator()), 3);
+}
+
 // A saved run with checkpoints at steps 2 and 4; returns the config.
 TrainConfig saved_run(const std::string& name) {
   TrainConfig c = tiny(name);

@@ -328,6 +328,10 @@ int64_t Checkpointer::resume(const TrainState& s) {
                      "as before", cfg_.seed, m.seed);
       for (const std::string& ch : config_changes(m.config_yaml, cfg_.resolved_yaml))
         spdlog::info("config changed since the checkpoint: {}", ch);
+      // A kill between a save's commit and its retention leaves one checkpoint too many (and perhaps a
+      // *.trash); a run resumed with nothing left to train would never save, so tidy up here.
+      remove_leftovers(root);
+      prune_checkpoints(root, cfg_.checkpoint.max_checkpoints, m.step);
     }
     return s.step;
   }

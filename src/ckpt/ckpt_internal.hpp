@@ -144,7 +144,9 @@ std::vector<std::string> config_changes(const std::string& saved_yaml, const std
 // ---- directories (store.cpp) --------------------------------------------------------------------------------
 std::string step_dir_name(int64_t step);  // step_<N>
 void fsync_path(const std::string& path);  // a file or a directory; throws CheckpointError
-// Remove stale step_*.tmp / *.trash leftovers of killed saves, create a fresh <ckpt_dir>/step_<N>.tmp.
+// Removes step_<N>.tmp and *.trash: what a save or a removal that was killed leaves behind.
+void remove_leftovers(const std::string& ckpt_dir);
+// remove_leftovers, then create a fresh <ckpt_dir>/step_<N>.tmp.
 std::string prepare_tmp_dir(const std::string& ckpt_dir, int64_t step);
 // Write manifest.json into tmp_dir, make it durable, rename tmp_dir to step_<N> (replacing an old one).
 std::string commit_dir(const std::string& ckpt_dir, const std::string& tmp_dir, const Manifest& m);

@@ -38,17 +38,23 @@ void remove_dir(const fs::path& dir) {
 
 std::string step_dir_name(int64_t step) { return "step_" + std::to_string(step); }
 
+void remove_leftovers(const std::string& ckpt_dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(ckpt_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if ((name.rfind("step_", 0) == 0 && ends_with(name, ".tmp")) || ends_with(name, ".trash")) {
+      std::error_code rm;
+      fs::remove_all(e.path(), rm);  // left by a save that was killed
+      if (rm) spdlog::warn("checkpoint: could not remove stale {}: {}", e.path().string(), rm.message());
+    }
+  }
+}
+
 std::string prepare_tmp_dir(const std::string& ckpt_dir, int64_t step) {
   std::error_code ec;
   fs::create_directories(ckpt_dir, ec);
   if (ec) throw CheckpointError("checkpoint directory " + ckpt_dir + ": cannot create it: " + ec.message());
-  for (const auto& e : fs::directory_iterator(ckpt_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if ((name.rfind("step_", 0) == 0 && ends_with(name, ".tmp")) || ends_with(name, ".trash")) {
-      fs::remove_all(e.path(), ec);  // left by a save that was killed
-      if (ec) spdlog::warn("checkpoint: could not remove stale {}: {}", e.path().string(), ec.message());
-    }
-  }
+  remove_leftovers(ckpt_dir);
   const fs::path tmp = fs::path(ckpt_dir) / (step_dir_name(step) + ".tmp");
   fs::remove_all(tmp, ec);
   if (!fs::create_directory(tmp, ec) || ec)
