@@ -53,37 +53,40 @@ void launch_dkv(const Geom& G, const BwdParams& p, cudaStream_t stream) {
 
 // dK/dV first on the op stream (its blocks, the first key tiles heaviest, take the SMs first), dQ beside it on
 // the side stream when `concurrent`: the two kernels are independent, and each fills the SMs the other's causal
-// tail leaves idle. Each is the Hopper wgmma kernel where `sm` says so, else the mma.sync one.
+// tail leaves idle.
+// dK/dV: the Hopper wgmma kernel where it applies (attention_dkv_sm90.cu), else the mma.sync one.
+template <class DkvC>
+void run_dkv(const Geom& G, const BwdParams& p, CudaContext& c) {
+  if (!try_dkv_sm90(G, p, c.device, c.stream)) launch_dkv<DkvC>(G, p, c.stream);
+}
+
+// dQ likewise (attention_dq_sm90.cu), on `stream`.
+template <class DqC>
+void run_dq(const Geom& G, const BwdParams& p, CudaContext& c, cudaStream_t stream) {
+  if (!try_dq_sm90(G, p, c.device, stream)) launch_dq<DqC>(G, p, stream);
+}
+
 template <class DqC, class DkvC>
-void run_bwd_pair(const Geom& G, const BwdParams& p, const Sm90Bwd& sm, CudaContext& c, bool concurrent) {
-  auto dkv = [&](cudaStream_t st) {
-    if (sm.dkv) launch_dkv_sm90(G, p, sm.maps, st);
-    else launch_dkv<DkvC>(G, p, st);
-  };
-  auto dq = [&](cudaStream_t st) {
-    if (sm.dq) launch_dq_sm90(G, p, sm.maps, st);
-    else launch_dq<DqC>(G, p, st);
-  };
+void run_bwd_pair(const Geom& G, const BwdParams& p, CudaContext& c, bool concurrent) {
   if (!concurrent) {
-    dq(c.stream);
-    dkv(c.stream);
+    run_dq<DqC>(G, p, c, c.stream);
+    run_dkv<DkvC>(G, p, c);
     return;
   }
   cudaStream_t side = c.fork();
-  dkv(c.stream);
-  dq(side);
+  run_dkv<DkvC>(G, p, c);
+  run_dq<DqC>(G, p, c, side);
   c.join();
 }
 
 template <int D>
 void run_bwd_flash(const Geom& G, const BwdParams& p, int variant, CudaContext& c, bool concurrent) {
-  const Sm90Bwd sm = plan_bwd_sm90(G, p, c.device);
   if constexpr (D == 64) {
-    if (variant == 0) run_bwd_pair<DqCfg<D, 2, 32>, DkvCfg<D, 2, 4, 32>>(G, p, sm, c, concurrent);
-    else run_bwd_pair<DqCfg<D, 1, 64>, DkvCfg<D, 1, 8, 64>>(G, p, sm, c, concurrent);
+    if (variant == 0) run_bwd_pair<DqCfg<D, 2, 32>, DkvCfg<D, 2, 4, 32>>(G, p, c, concurrent);
+    else run_bwd_pair<DqCfg<D, 1, 64>, DkvCfg<D, 1, 8, 64>>(G, p, c, concurrent);
   } else {
-    if (variant == 0) run_bwd_pair<DqCfg<D, 2, 32>, DkvCfg<D, 1, 8, 32>>(G, p, sm, c, concurrent);
-    else run_bwd_pair<DqCfg<D, 1, 64>, DkvCfg<D, 1, 4, 32>>(G, p, sm, c, concurrent);
+    if (variant == 0) run_bwd_pair<DqCfg<D, 2, 32>, DkvCfg<D, 1, 8, 32>>(G, p, c, concurrent);
+    else run_bwd_pair<DqCfg<D, 1, 64>, DkvCfg<D, 1, 4, 32>>(G, p, c, concurrent);
   }
 }
 

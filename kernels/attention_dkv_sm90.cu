@@ -45,13 +45,15 @@ constexpr int kOffBar = kOffStages + kStages * kStageBytes;
 constexpr int kSmem = kOffBar + (2 * kStages + 1) * 8 + 1024;  // + slack for 1024-byte alignment
 constexpr int kThreads = 256;
 
+using sm90k::TMaps;
 
 __global__ void __launch_bounds__(kThreads, 1)
     attn_bwd_dkv_sm90_kernel(const __grid_constant__ TMaps maps, const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace mxt::sm90;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem_ptr = smem_align1024(smem_raw);
+  const uint32_t raw = smem_u32(smem_raw);
+  uint8_t* smem_ptr = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
   const uint32_t smem = smem_u32(smem_ptr);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_ptr + kOffBar);
   uint64_t* empty = full + kStages;
@@ -105,12 +107,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t kb = smem + (2 * w) * kBox, vb = smem + kOffV + (2 * w) * kBox;
   mbar_wait(kv_full, 0);
 
+  int s = 0;
+  uint32_t phase = 0;
   for (int step = 0; step < n_steps; ++step) {
     const int m0 = (m_first + step % n_qt) * kBM;
-    const int s = step % kStages;
-    if (tid == 0) sm90k::refill_behind<kStages>(step, n_steps, empty, issue);
+    if (tid == 0 && step >= 1 && step - 1 + kStages < n_steps) {
+      const int rs = (step - 1) % kStages;  // released by both warpgroups at the end of step - 1
+      mbar_wait(&empty[rs], static_cast<uint32_t>((step - 1) / kStages) & 1u);
+      issue(step - 1 + kStages, rs);
+    }
     __syncwarp();
-    mbar_wait(&full[s], static_cast<uint32_t>(step / kStages) & 1u);
+    mbar_wait(&full[s], phase);
     const uint32_t st = smem + kOffStages + s * kStageBytes;
     const float* stat = reinterpret_cast<const float*>(smem_ptr + kOffStages + s * kStageBytes + kStageStat);
 
@@ -155,7 +162,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_commit();
     wgmma_wait<0>();
-    sm90k::release_stage(empty, s, lane);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+    if (++s == kStages) {
+      s = 0;
+      phase ^= 1u;
+    }
   }
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
@@ -175,34 +187,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-Sm90Bwd plan_bwd_sm90(const Geom& G, const BwdParams& p, int device) {
-  const char* op = "attention_backward";
-  const sm90k::Mode dkv = sm90k::env_mode("MXTRAIN_ATTENTION_DKV", op), dq = sm90k::env_mode("MXTRAIN_ATTENTION_DQ", op);
-  Sm90Bwd plan;
-  if (dkv == sm90k::Mode::Off && dq == sm90k::Mode::Off) return plan;
-  // One build, one target: this kernel's image stands for both.
+bool try_dkv_sm90(const Geom& G, const BwdParams& p, int device, cudaStream_t stream) {
   static std::atomic<int> cache[64];
-  const std::string why =
-      sm90k::check_applies(G, p, device, reinterpret_cast<const void*>(attn_bwd_dkv_sm90_kernel), cache, plan.maps);
-  if (!why.empty()) {
-    if (dkv == sm90k::Mode::Require)
-      fail(op, "MXTRAIN_ATTENTION_DKV=wgmma, but the sm90 dK/dV kernel does not apply: " + why);
-    if (dq == sm90k::Mode::Require)
-      fail(op, "MXTRAIN_ATTENTION_DQ=wgmma, but the sm90 dQ kernel does not apply: " + why);
-    return plan;
-  }
-  plan.dkv = dkv != sm90k::Mode::Off;
-  plan.dq = dq != sm90k::Mode::Off;
-  return plan;
-}
-
-void launch_dkv_sm90(const Geom& G, const BwdParams& p, const TMaps& maps, cudaStream_t stream) {
-  const char* op = "attention_backward";
-  static const bool smem_ok = (set_smem(attn_bwd_dkv_sm90_kernel, kSmem, op), true);
-  (void)smem_ok;
-  attn_bwd_dkv_sm90_kernel<<<grid_1d(static_cast<int64_t>(G.S / kBN) * G.B * G.KVH, op), kThreads, kSmem,
-                             stream>>>(maps, p);
-  check_launch(op);
+  static std::atomic<bool> smem_set{false};
+  return sm90k::try_launch(attn_bwd_dkv_sm90_kernel, "MXTRAIN_ATTENTION_DKV", "dK/dV", G, p, device, stream, cache,
+                           smem_set, static_cast<int64_t>(G.S / kBN) * G.B * G.KVH, kThreads, kSmem);
 }
 
 }  // namespace mxt::cuda::attn

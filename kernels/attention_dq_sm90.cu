@@ -24,6 +24,7 @@ namespace {
 
 using sm90k::kBox;
 using sm90k::kD;
+using sm90k::TMaps;
 constexpr int kBM = 128;                 // queries per CTA: 2 warpgroups x 64
 constexpr int kBN = 64;                  // keys per step
 constexpr int kStages = 3;
@@ -40,7 +41,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace mxt::sm90;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem_ptr = smem_align1024(smem_raw);
+  const uint32_t raw = smem_u32(smem_raw);
+  uint8_t* smem_ptr = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
   const uint32_t smem = smem_u32(smem_ptr);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_ptr + kOffBar);
   uint64_t* empty = full + kStages;
@@ -91,12 +93,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t qa = smem + (2 * w) * kBox, da = smem + kOffDO + (2 * w) * kBox;
   mbar_wait(q_full, 0);
 
+  int s = 0;
+  uint32_t phase = 0;
   for (int step = 0; step < n_steps; ++step) {
     const int n0 = step * kBN;
-    const int s = step % kStages;
-    if (tid == 0) sm90k::refill_behind<kStages>(step, n_steps, empty, issue);
+    if (tid == 0 && step >= 1 && step - 1 + kStages < n_steps) {
+      const int rs = (step - 1) % kStages;  // released by both warpgroups at the end of step - 1
+      mbar_wait(&empty[rs], static_cast<uint32_t>((step - 1) / kStages) & 1u);
+      issue(step - 1 + kStages, rs);
+    }
     __syncwarp();
-    mbar_wait(&full[s], static_cast<uint32_t>(step / kStages) & 1u);
+    mbar_wait(&full[s], phase);
     const uint32_t st = smem + kOffStages + s * kStageBytes;
 
     // S = Q K^T, dP = dO V^T: 64 queries x 64 keys each, contracted over d in two 64-wide boxes.
@@ -133,7 +140,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_m64n128k16_rs<1>(dq, fd[kk], smem_desc(st + kStageK + kk * 2048, kBox, 1024), 1u);
     wgmma_commit();
     wgmma_wait<0>();
-    sm90k::release_stage(empty, s, lane);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+    if (++s == kStages) {
+      s = 0;
+      phase ^= 1u;
+    }
   }
 #pragma unroll
   for (int i = 0; i < 64; ++i) fence_operand(dq[i]);
@@ -149,13 +161,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-void launch_dq_sm90(const Geom& G, const BwdParams& p, const TMaps& maps, cudaStream_t stream) {
-  const char* op = "attention_backward";
-  static const bool smem_ok = (set_smem(attn_bwd_dq_sm90_kernel, kSmem, op), true);
-  (void)smem_ok;
-  attn_bwd_dq_sm90_kernel<<<grid_1d(static_cast<int64_t>(G.S / kBM) * G.B * G.H, op), kThreads, kSmem, stream>>>(
-      maps, p);
-  check_launch(op);
+bool try_dq_sm90(const Geom& G, const BwdParams& p, int device, cudaStream_t stream) {
+  static std::atomic<int> cache[64];
+  static std::atomic<bool> smem_set{false};
+  return sm90k::try_launch(attn_bwd_dq_sm90_kernel, "MXTRAIN_ATTENTION_DQ", "dQ", G, p, device, stream, cache,
+                           smem_set, static_cast<int64_t>(G.S / kBM) * G.B * G.H, kThreads, kSmem);
 }
 
 }  // namespace mxt::cuda::attn

@@ -1,6 +1,7 @@
 #pragma once
 // Shared by the Hopper wgmma attention backward kernels (attention_dkv_sm90.cu, attention_dq_sm90.cu): when they
-// apply and their tensor maps (host), and the pieces both kernels' loops are made of (device).
+// apply, their tensor maps, the environment switches that force or disable them, the launch, and the epilogue
+// store of an m64n128 accumulator.
 #include <cuda.h>
 
 #include <atomic>
@@ -11,7 +12,6 @@
 
 #include "attention_common.cuh"
 #include "attention_flash_bwd.cuh"
-#include "attention_sm90.hpp"
 #include "sm90_host.cuh"
 #include "sm90_ptx.cuh"
 #include "sm90_wgmma.cuh"
@@ -20,6 +20,11 @@ namespace mxt::cuda::attn::sm90k {
 
 constexpr int kD = 128;
 constexpr int kBox = 64 * 64 * 2;  // one [64][64] bf16 box, 128-byte swizzle
+
+// q / k / v / dout as [rows = B*S][heads * 128] bf16, read in [64][64] boxes.
+struct TMaps {
+  CUtensorMap q, k, v, dout;
+};
 
 // An environment switch (MXTRAIN_ATTENTION_DKV, MXTRAIN_ATTENTION_DQ): auto (default: the wgmma kernel wherever it
 // applies), wgmma (required: an error where it does not apply, for tests), mma (never).
@@ -61,6 +66,28 @@ inline std::string check_applies(const Geom& G, const BwdParams& p, int device, 
   return "";
 }
 
+// Launches kernel<<<blocks, threads, smem>>>(maps, p) on `stream` where it applies and returns true; false
+// (nothing launched) where it does not or `env` says mma; an error where it does not and `env` says wgmma.
+// `smem_set` and `cache` are the kernel's own (one-time shared-memory opt-in, per-device sm_90a check).
+inline bool try_launch(void (*kernel)(TMaps, BwdParams), const char* env, const char* what, const Geom& G,
+                       const BwdParams& p, int device, cudaStream_t stream, std::atomic<int> (&cache)[64],
+                       std::atomic<bool>& smem_set, int64_t blocks, int threads, int smem) {
+  const char* op = "attention_backward";
+  const Mode mode = env_mode(env, op);
+  if (mode == Mode::Off) return false;
+  TMaps maps{};
+  const std::string why = check_applies(G, p, device, reinterpret_cast<const void*>(kernel), cache, maps);
+  if (!why.empty()) {
+    if (mode == Mode::Require)
+      fail(op, std::string(env) + "=wgmma, but the sm90 " + what + " kernel does not apply: " + why);
+    return false;
+  }
+  if (!smem_set.exchange(true)) set_smem(kernel, static_cast<size_t>(smem), op);
+  kernel<<<grid_1d(blocks, op), threads, smem, stream>>>(maps, p);
+  check_launch(op);
+  return true;
+}
+
 // acc[64 x 64] = A B^T with A and B both [64 rows][128 d] as two [64][64] boxes at shared addresses a and b
 // (K-major, contracted over d): S = Q K^T, dP = dO V^T and their transposes.
 __device__ __forceinline__ void mma_rows_d128(float (&acc)[32], uint32_t a, uint32_t b) {
@@ -90,22 +117,6 @@ __device__ __forceinline__ void init_ring(uint64_t* full, uint64_t* empty, int s
   }
   sm90::mbar_init(once, 1);
   sm90::fence_barrier_init();
-}
-
-// Thread 0 at the start of `step`: the stage step - 1 used (both warpgroups have released it, or the wait ends
-// when they have) refilled with step - 1 + kStages, so the loads run kStages - 1 steps ahead.
-template <int kStages, class Issue>
-__device__ __forceinline__ void refill_behind(int step, int n_steps, uint64_t* empty, Issue issue) {
-  if (step < 1 || step - 1 + kStages >= n_steps) return;
-  const int rs = (step - 1) % kStages;
-  sm90::mbar_wait(&empty[rs], static_cast<uint32_t>((step - 1) / kStages) & 1u);
-  issue(step - 1 + kStages, rs);
-}
-
-// After this warp's last read of stage s: its arrival on the stage's empty barrier.
-__device__ __forceinline__ void release_stage(uint64_t* empty, int s, int lane) {
-  __syncwarp();
-  if (lane == 0) sm90::mbar_arrive(&empty[s]);
 }
 
 // Rows r0 and r0 + 8 (element offsets) of a bf16 output from this thread's part of an m64n128 wgmma accumulator,

@@ -62,19 +62,6 @@ __device__ __forceinline__ void store8(bf16* p, const float (&x)[8]) {
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// W consecutive bf16 <-> floats: W = 8 through one 16-byte access (16-byte aligned), W = 1 one element. The row
-// kernels are templated on W: 8 where the rows allow it (widths a multiple of 8, aligned tensors), 1 elsewhere.
-template <int W>
-__device__ __forceinline__ void loadw(const bf16* p, float (&x)[W]) {
-  if constexpr (W == 8) load8(p, x);
-  else x[0] = __bfloat162float(*p);
-}
-template <int W>
-__device__ __forceinline__ void storew(bf16* p, const float (&x)[W]) {
-  if constexpr (W == 8) store8(p, x);
-  else *p = __float2bfloat16(x[0]);
-}
-
 // Block-wide sum for blockDim.x a multiple of 32 and <= 1024; every thread gets the result.
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float partial[32];

@@ -319,57 +319,65 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const Sched& sc, 
     // Epilogue straight from the accumulator fragments (layout: sm90_wgmma.cuh).
     const int r_local = cw * 64 + warp * 16 + lane / 4;
     const int col_l = 2 * (lane % 4);
-    // Box after box of this warpgroup's 64 rows through its ring of kEpiBufs shared boxes: wait until the TMA has
-    // read the box written kEpiBufs ago, write the fragments, make them visible to the async proxy, and hand the
-    // box to the TMA (one thread). (The opaque copy keeps the compiler from hoisting the box addressing out of the
-    // item loop, where its registers would be live across the mainloop and spill.)
-    int r0 = warp * 16 + lane / 4;
-    uint32_t boxes = smem + C::kOffEpi + cw * kEpiBufs * kEpiBox;
-    auto ring_box = [&](auto write, auto issue) {
-      const uint32_t box = boxes + epi_box * kEpiBox;
-      epi_box = epi_box + 1 == kEpiBufs ? 0 : epi_box + 1;
-      if (ct % 128 == 0) bulk_wait_group_read<kEpiBufs - 1>();
-      named_barrier_sync(2 + cw, 128);
-      write(box);
-      fence_proxy_async_smem();
-      named_barrier_sync(2 + cw, 128);
-      if (ct % 128 == 0) {
-        issue(box);
-        bulk_commit_group();
-      }
-    };
     if constexpr (kMode == Mode::kWgrad) {
-      // dW += acc: 64 x 16 fp32 boxes added by the TMA.
+      // Box after box of this warpgroup's 64 rows: wait until the TMA has read the box written kEpiBufs ago,
+      // write the fragments, make them visible to the async proxy, and hand the box to the TMA.
+      // (The opaque copy keeps the compiler from hoisting the box addressing out of the item loop, where its
+      // registers would be live across the mainloop and spill.)
+      int r0 = warp * 16 + lane / 4;
+      uint32_t boxes = smem + C::kOffEpi + cw * kEpiBufs * kEpiBox;
       asm volatile("" : "+r"(r0), "+r"(boxes));
+      const int wt = ct % 128;
+      const uint32_t bar_id = 2 + cw;
 #pragma unroll
-      for (int c = 0; c < BN / kEpiCols; ++c)
-        ring_box(
-            [&](uint32_t box) {
+      for (int c = 0; c < BN / kEpiCols; ++c) {
+        const int b = epi_box;
+        epi_box = epi_box + 1 == kEpiBufs ? 0 : epi_box + 1;
+        if (wt == 0) bulk_wait_group_read<kEpiBufs - 1>();
+        named_barrier_sync(bar_id, 128);
+        const uint32_t box = boxes + b * kEpiBox;
 #pragma unroll
-              for (int jj = 0; jj < kEpiCols / 8; ++jj) {
-                const int q = 4 * (c * (kEpiCols / 8) + jj), col = 8 * jj + col_l;
-                st_shared_f32x2(box + epi_offset(r0, col), acc[q], acc[q + 1]);
-                st_shared_f32x2(box + epi_offset(r0 + 8, col), acc[q + 2], acc[q + 3]);
-              }
-            },
-            [&](uint32_t box) { tma_reduce_add_3d(mC, box, it.n0 + kEpiCols * c, it.m0 + 64 * cw, it.e); });
+        for (int jj = 0; jj < kEpiCols / 8; ++jj) {
+          const int q = 4 * (c * (kEpiCols / 8) + jj), col = 8 * jj + col_l;
+          st_shared_f32x2(box + epi_offset(r0, col), acc[q], acc[q + 1]);
+          st_shared_f32x2(box + epi_offset(r0 + 8, col), acc[q + 2], acc[q + 3]);
+        }
+        fence_proxy_async_smem();
+        named_barrier_sync(bar_id, 128);
+        if (wt == 0) {
+          tma_reduce_add_3d(mC, boxes + b * kEpiBox, it.n0 + kEpiCols * c, it.m0 + 64 * cw, it.e);
+          bulk_commit_group();
+        }
+      }
     } else if (p.tma_store && it.row0 + 64 * cw + 64 <= it.row_hi) {
-      // The warpgroup's 64 rows all belong to the expert: 64 x 32 bf16 boxes stored by the TMA (columns past N
-      // clipped), so the consumers start the next item while the stores drain.
+      // The warpgroup's 64 rows all belong to the expert: 64 x 32 bf16 boxes through the same ring, stored by
+      // the TMA (columns past N clipped), so the consumers start the next item while the stores drain.
+      int r0 = warp * 16 + lane / 4;
+      uint32_t boxes = smem + C::kOffEpi + cw * kEpiBufs * kEpiBox;
       asm volatile("" : "+r"(r0), "+r"(boxes));
+      const int wt = ct % 128;
+      const uint32_t bar_id = 2 + cw;
 #pragma unroll
-      for (int c = 0; c < BN / 32; ++c)
-        ring_box(
-            [&](uint32_t box) {
+      for (int c = 0; c < BN / 32; ++c) {
+        const int b = epi_box;
+        epi_box = epi_box + 1 == kEpiBufs ? 0 : epi_box + 1;
+        if (wt == 0) bulk_wait_group_read<kEpiBufs - 1>();
+        named_barrier_sync(bar_id, 128);
+        const uint32_t box = boxes + b * kEpiBox;
 #pragma unroll
-              for (int jj = 0; jj < 4; ++jj) {
-                // bf16 pairs: 4-byte words at the fp32 box's word positions (64-byte rows either way).
-                const int q = 4 * (4 * c + jj), col = 4 * jj + lane % 4;
-                st_shared_b32(box + epi_offset(r0, col), pack_bf16x2(acc[q], acc[q + 1]));
-                st_shared_b32(box + epi_offset(r0 + 8, col), pack_bf16x2(acc[q + 2], acc[q + 3]));
-              }
-            },
-            [&](uint32_t box) { tma_store_2d(mC, box, it.n0 + 32 * c, it.row0 + 64 * cw); });
+        for (int jj = 0; jj < 4; ++jj) {
+          // bf16 pairs: 4-byte words at the fp32 box's word positions (64-byte rows either way).
+          const int q = 4 * (4 * c + jj), col = 4 * jj + lane % 4;
+          st_shared_b32(box + epi_offset(r0, col), pack_bf16x2(acc[q], acc[q + 1]));
+          st_shared_b32(box + epi_offset(r0 + 8, col), pack_bf16x2(acc[q + 2], acc[q + 3]));
+        }
+        fence_proxy_async_smem();
+        named_barrier_sync(bar_id, 128);
+        if (wt == 0) {
+          tma_store_2d(mC, boxes + b * kEpiBox, it.n0 + 32 * c, it.row0 + 64 * cw);
+          bulk_commit_group();
+        }
+      }
     } else {
       const int64_t N = p.N;
       bf16* out = static_cast<bf16*>(p.out);
@@ -403,7 +411,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Cfg<BN>;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem_ptr = smem_align1024(smem_raw);
+  // Swizzled TMA destinations and wgmma descriptors (base offset 0) need 1024-byte-aligned buffers.
+  const uint32_t raw = smem_u32(smem_raw);
+  uint8_t* smem_ptr = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
   const uint32_t smem = smem_u32(smem_ptr);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_ptr + C::kOffBar);
   uint64_t* empty = full + C::kStages;

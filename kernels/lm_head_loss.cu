@@ -50,53 +50,84 @@ __device__ float block_max(float v) {
 // One block per row of the chunk. Reads the BF16 logits, writes the row loss and (if grad) overwrites the row
 // with grad_scale * (softmax - onehot) in BF16. Each element is read and then written by the same thread, and
 // the label's logit is read by every thread before the first barrier, so the in-place update is race-free.
-// W logits per thread and step (W = 8: 16-byte accesses, V % 8 == 0 and aligned logits: every vocabulary of the
-// configs); the running max moves once per W logits.
-template <int W>
 __global__ void ce_rows_kernel(cuda::bf16* __restrict__ z, const int32_t* __restrict__ labels, int64_t V,
                                float grad_scale, bool grad, float* __restrict__ row_loss) {
-  const int64_t r = blockIdx.x, VW = V / W;
+  const int64_t r = blockIdx.x;
   cuda::bf16* row = z + r * V;
   const int32_t y = labels[r];
   if (y == kIgnore || y < 0 || y >= V) {  // uniform over the block
-    if (grad) {
-      float zero[W];
-      for (float& v : zero) v = 0.f;
-      for (int64_t c = threadIdx.x; c < VW; c += blockDim.x) cuda::storew<W>(row + c * W, zero);
-    }
+    if (grad)
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) row[v] = __float2bfloat16(0.f);
     if (threadIdx.x == 0) row_loss[r] = y == kIgnore ? 0.f : NAN;
     return;
   }
   const float zy = cuda::ld(row, y);
   // Online max / sum of exponentials per thread, then combined over the block.
   float m = -INFINITY, s = 0.f;
-  for (int64_t c = threadIdx.x; c < VW; c += blockDim.x) {
-    float x[W];
-    cuda::loadw<W>(row + c * W, x);
-    float mx = x[0];
-#pragma unroll
-    for (int k = 1; k < W; ++k) mx = fmaxf(mx, x[k]);
-    if (mx > m) {
-      s = m == -INFINITY ? 0.f : s * expf(m - mx);
-      m = mx;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float x = cuda::ld(row, v);
+    if (x > m) {
+      s = s * expf(m - x) + 1.f;  // m = -inf at first: s = 0 * 0 + 1
+      m = x;
+    } else {
+      s += expf(x - m);
     }
-#pragma unroll
-    for (int k = 0; k < W; ++k) s += expf(x[k] - m);
   }
   const float M = block_max(m);
   const float S = cuda::block_sum(m == -INFINITY ? 0.f : s * expf(m - M));
   const float lse = M + logf(S);
   if (threadIdx.x == 0) row_loss[r] = lse - zy;
   if (!grad) return;
-  for (int64_t c = threadIdx.x; c < VW; c += blockDim.x) {
-    float x[W];
-    cuda::loadw<W>(row + c * W, x);
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      const float p = expf(x[k] - lse);
-      x[k] = grad_scale * (c * W + k == y ? p - 1.f : p);
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float p = expf(cuda::ld(row, v) - lse);
+    cuda::st(row, v, grad_scale * (v == y ? p - 1.f : p));
+  }
+}
+
+// ce_rows_kernel with 16-byte accesses (V % 8 == 0, logits 16-byte aligned: every vocabulary of the configs):
+// the running max moves once per 8 logits, which also saves exponentials.
+__global__ void ce_rows_vec_kernel(cuda::bf16* __restrict__ z, const int32_t* __restrict__ labels, int64_t V,
+                                   float grad_scale, bool grad, float* __restrict__ row_loss) {
+  const int64_t r = blockIdx.x, V8 = V / 8;
+  cuda::bf16* row = z + r * V;
+  const int32_t y = labels[r];
+  if (y == kIgnore || y < 0 || y >= V) {
+    if (grad) {
+      const float zero[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      for (int64_t c = threadIdx.x; c < V8; c += blockDim.x) cuda::store8(row + c * 8, zero);
     }
-    cuda::storew<W>(row + c * W, x);
+    if (threadIdx.x == 0) row_loss[r] = y == kIgnore ? 0.f : NAN;
+    return;
+  }
+  const float zy = cuda::ld(row, y);
+  float m = -INFINITY, s = 0.f;
+  for (int64_t c = threadIdx.x; c < V8; c += blockDim.x) {
+    float x[8];
+    cuda::load8(row + c * 8, x);
+    float mx = x[0];
+#pragma unroll
+    for (int k = 1; k < 8; ++k) mx = fmaxf(mx, x[k]);
+    if (mx > m) {
+      s = m == -INFINITY ? 0.f : s * expf(m - mx);
+      m = mx;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s += expf(x[k] - m);
+  }
+  const float M = block_max(m);
+  const float S = cuda::block_sum(m == -INFINITY ? 0.f : s * expf(m - M));
+  const float lse = M + logf(S);
+  if (threadIdx.x == 0) row_loss[r] = lse - zy;
+  if (!grad) return;
+  for (int64_t c = threadIdx.x; c < V8; c += blockDim.x) {
+    float x[8];
+    cuda::load8(row + c * 8, x);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float p = expf(x[k] - lse);
+      x[k] = grad_scale * (c * 8 + k == y ? p - 1.f : p);
+    }
+    cuda::store8(row + c * 8, x);
   }
 }
 
@@ -151,11 +182,11 @@ void CudaOps::lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& label
     const Tensor Z(logits, DType::BF16, {n, V}, Device::CUDA);
     gemm(false, true, n, V, d, 1.f, hc, W, 0.f, Z);  // bf16 logits, as HF
     if (V % 8 == 0 && cuda::aligned16(logits))
-      ce_rows_kernel<8><<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
-                                                                          row_loss + t0);
+      ce_rows_vec_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
+                                                                           row_loss + t0);
     else
-      ce_rows_kernel<1><<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
-                                                                          row_loss + t0);
+      ce_rows_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
+                                                                       row_loss + t0);
     cuda::check_launch(op);
     if (!grad) continue;
     const Tensor dhc(dhp + t0 * d, DType::BF16, {n, d}, Device::CUDA);

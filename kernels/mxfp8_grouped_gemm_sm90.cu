@@ -461,7 +461,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem_ptr = sm90::smem_align1024(smem_raw);
+  // Swizzled TMA destinations and wgmma descriptors (base offset 0) need 1024-byte-aligned buffers.
+  const uint32_t raw = smem_u32(smem_raw);
+  uint8_t* smem_ptr = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
   const uint32_t smem = smem_u32(smem_ptr);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_ptr + kOffBar);
   uint64_t* empty = full + kStages;

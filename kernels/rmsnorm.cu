@@ -8,7 +8,7 @@
 // dw is deterministic: block b of a fixed-size grid (depending only on T) owns rows b, b+G, ..., accumulates
 // its dw partial in shared memory (each column owned by one thread), writes it to scratch, and a second
 // kernel sums the G partials per column in a fixed order. Rows of a multiple of 8 elements move through
-// 16-byte accesses (the kernels' W = 8 instances).
+// 16-byte accesses (the _vec kernels).
 #include <string>
 
 #include "cuda_common.cuh"
@@ -24,73 +24,119 @@ using cuda::bf16;
 constexpr int kThreads = 256;
 constexpr int kMaxBwdBlocks = 512;
 
-// One block per row (grid-stride), W columns per thread and step (W = 8: 16-byte accesses).
-template <int W>
 __global__ void rmsnorm_forward_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, float eps,
                                        bf16* __restrict__ y, float* __restrict__ rstd, int64_t T, int64_t d) {
-  const int64_t step = static_cast<int64_t>(blockDim.x) * W;
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     const bf16* xr = x + t * d;
     float ss = 0.f;
-    for (int64_t j = threadIdx.x * W; j < d; j += step) {
-      float v[W];
-      cuda::loadw<W>(xr + j, v);
-#pragma unroll
-      for (int k = 0; k < W; ++k) ss = fmaf(v[k], v[k], ss);
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const float v = __bfloat162float(xr[j]);
+      ss = fmaf(v, v, ss);
     }
     ss = cuda::block_sum(ss);
     // torch: variance = pow(2).mean(-1) in fp32; rsqrt(variance + eps) in fp32.
     const float var = __fdiv_rn(ss, static_cast<float>(d));
     const float r = __frsqrt_rn(__fadd_rn(var, eps));
     if (threadIdx.x == 0) rstd[t] = r;
-    for (int64_t j = threadIdx.x * W; j < d; j += step) {
-      float v[W], wv[W], o[W];
-      cuda::loadw<W>(xr + j, v);
-      cuda::loadw<W>(w + j, wv);
-#pragma unroll
-      for (int k = 0; k < W; ++k) o[k] = __fmul_rn(wv[k], __bfloat162float(__float2bfloat16(__fmul_rn(v[k], r))));
-      cuda::storew<W>(y + t * d + j, o);
+    bf16* yr = y + t * d;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const float n = __bfloat162float(__float2bfloat16(__fmul_rn(__bfloat162float(xr[j]), r)));
+      yr[j] = __float2bfloat16(__fmul_rn(__bfloat162float(w[j]), n));
     }
   }
 }
 
-// Dynamic shared memory: d floats (this block's dw partial; columns owned W at a time by one thread). Block b
-// handles rows b, b + gridDim.x, ...
-template <int W>
+// Dynamic shared memory: d floats (this block's dw partial). Block b handles rows b, b + gridDim.x, ...
 __global__ void rmsnorm_backward_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
                                         const bf16* __restrict__ w, const float* __restrict__ rstd,
                                         bf16* __restrict__ dx, float* __restrict__ dw_partials, int64_t T,
                                         int64_t d) {
   extern __shared__ float dw_acc[];
-  const int64_t step = static_cast<int64_t>(blockDim.x) * W;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dw_acc[j] = 0.f;
-  __syncthreads();  // columns are owned W at a time below, not one by one as when zeroed
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dw_acc[j] = 0.f;  // column j: only this thread
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     const bf16* xr = x + t * d;
     const bf16* gr = dy + t * d;
     const float r = rstd[t];
     float dot = 0.f;
-    for (int64_t j = threadIdx.x * W; j < d; j += step) {
-      float xv[W], gv[W], wv[W];
-      cuda::loadw<W>(xr + j, xv);
-      cuda::loadw<W>(gr + j, gv);
-      cuda::loadw<W>(w + j, wv);
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const float xv = __bfloat162float(xr[j]), gv = __bfloat162float(gr[j]);
+      dot = fmaf(__bfloat162float(w[j]) * gv, xv, dot);
+      dw_acc[j] = fmaf(gv * xv, r, dw_acc[j]);
+    }
+    dot = cuda::block_sum(dot);
+    const float c = r * r * r * dot / static_cast<float>(d);
+    bf16* dxr = dx + t * d;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const float xv = __bfloat162float(xr[j]), gv = __bfloat162float(gr[j]);
+      dxr[j] = __float2bfloat16(r * __bfloat162float(w[j]) * gv - c * xv);
+    }
+  }
+  float* out = dw_partials + static_cast<int64_t>(blockIdx.x) * d;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) out[j] = dw_acc[j];
+}
+
+// The same two kernels with 16-byte accesses, 8 columns per thread and step (d % 8 == 0, aligned tensors: every
+// model shape); the arithmetic per element is the scalar kernels'.
+__global__ void rmsnorm_forward_vec_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, float eps,
+                                           bf16* __restrict__ y, float* __restrict__ rstd, int64_t T, int64_t d) {
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const bf16* xr = x + t * d;
+    float ss = 0.f;
+    for (int64_t j = threadIdx.x * 8; j < d; j += static_cast<int64_t>(blockDim.x) * 8) {
+      float v[8];
+      cuda::load8(xr + j, v);
 #pragma unroll
-      for (int k = 0; k < W; ++k) {
+      for (int k = 0; k < 8; ++k) ss = fmaf(v[k], v[k], ss);
+    }
+    ss = cuda::block_sum(ss);
+    const float var = __fdiv_rn(ss, static_cast<float>(d));
+    const float r = __frsqrt_rn(__fadd_rn(var, eps));
+    if (threadIdx.x == 0) rstd[t] = r;
+    for (int64_t j = threadIdx.x * 8; j < d; j += static_cast<int64_t>(blockDim.x) * 8) {
+      float v[8], wv[8], o[8];
+      cuda::load8(xr + j, v);
+      cuda::load8(w + j, wv);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) o[k] = __fmul_rn(wv[k], __bfloat162float(__float2bfloat16(__fmul_rn(v[k], r))));
+      cuda::store8(y + t * d + j, o);
+    }
+  }
+}
+
+__global__ void rmsnorm_backward_vec_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
+                                            const bf16* __restrict__ w, const float* __restrict__ rstd,
+                                            bf16* __restrict__ dx, float* __restrict__ dw_partials, int64_t T,
+                                            int64_t d) {
+  extern __shared__ float dw_acc[];
+  const int64_t step = static_cast<int64_t>(blockDim.x) * 8;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dw_acc[j] = 0.f;
+  __syncthreads();  // columns are owned in groups of 8 below, not one by one as when zeroed
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const bf16* xr = x + t * d;
+    const bf16* gr = dy + t * d;
+    const float r = rstd[t];
+    float dot = 0.f;
+    for (int64_t j = threadIdx.x * 8; j < d; j += step) {
+      float xv[8], gv[8], wv[8];
+      cuda::load8(xr + j, xv);
+      cuda::load8(gr + j, gv);
+      cuda::load8(w + j, wv);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
         dot = fmaf(wv[k] * gv[k], xv[k], dot);
         dw_acc[j + k] = fmaf(gv[k] * xv[k], r, dw_acc[j + k]);
       }
     }
     dot = cuda::block_sum(dot);
     const float c = r * r * r * dot / static_cast<float>(d);
-    for (int64_t j = threadIdx.x * W; j < d; j += step) {
-      float xv[W], gv[W], wv[W], o[W];
-      cuda::loadw<W>(xr + j, xv);
-      cuda::loadw<W>(gr + j, gv);
-      cuda::loadw<W>(w + j, wv);
+    for (int64_t j = threadIdx.x * 8; j < d; j += step) {
+      float xv[8], gv[8], wv[8], o[8];
+      cuda::load8(xr + j, xv);
+      cuda::load8(gr + j, gv);
+      cuda::load8(w + j, wv);
 #pragma unroll
-      for (int k = 0; k < W; ++k) o[k] = r * wv[k] * gv[k] - c * xv[k];
-      cuda::storew<W>(dx + t * d + j, o);
+      for (int k = 0; k < 8; ++k) o[k] = r * wv[k] * gv[k] - c * xv[k];
+      cuda::store8(dx + t * d + j, o);
     }
   }
   __syncthreads();
@@ -127,9 +173,9 @@ void CudaOps::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const
   if (T == 0) return;
   if (d == 0) cuda::fail(op, "w is empty");
   if (d % 8 == 0 && cuda::aligned16(xp) && cuda::aligned16(wp) && cuda::aligned16(yp))
-    rmsnorm_forward_kernel<8><<<row_grid(T), kThreads, 0, ctx_->stream>>>(xp, wp, eps, yp, rp, T, d);
+    rmsnorm_forward_vec_kernel<<<row_grid(T), kThreads, 0, ctx_->stream>>>(xp, wp, eps, yp, rp, T, d);
   else
-    rmsnorm_forward_kernel<1><<<row_grid(T), kThreads, 0, ctx_->stream>>>(xp, wp, eps, yp, rp, T, d);
+    rmsnorm_forward_kernel<<<row_grid(T), kThreads, 0, ctx_->stream>>>(xp, wp, eps, yp, rp, T, d);
   cuda::check_launch(op);
 }
 
@@ -159,7 +205,7 @@ void CudaOps::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& 
     cuda::fail(op, "hidden size " + std::to_string(d) + " too large for the shared-memory dw partial");
   const bool vec = d % 8 == 0 && cuda::aligned16(gp) && cuda::aligned16(xp) && cuda::aligned16(wp) &&
                    cuda::aligned16(dxp);
-  const auto kernel = vec ? rmsnorm_backward_kernel<8> : rmsnorm_backward_kernel<1>;
+  const auto kernel = vec ? rmsnorm_backward_vec_kernel : rmsnorm_backward_kernel;
   if (smem > 48 * 1024)
     cuda::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                 op, "cudaFuncSetAttribute");

@@ -6,7 +6,7 @@
 //   x'[i+h] = bf16( bf16(x[i+h] * c) + bf16(x[i] * s) )
 // The backward applies the transpose rotation (s -> -s), which is what autograd computes through those
 // bf16 products: dx[i] = bf16(dy[i] c) + bf16(dy[i+h] s), dx[i+h] = bf16(dy[i+h] c) - bf16(dy[i] s).
-// head_dim a multiple of 16 (every model shape) moves through 16-byte accesses; the arithmetic is the same.
+// head_dim a multiple of 16 (every model shape) takes the 16-byte vector kernel; the arithmetic is the same.
 #include <cmath>
 #include <string>
 
@@ -45,9 +45,7 @@ __device__ __forceinline__ void token_cos_sin(float* cs, float* sn, int32_t pos,
   __syncthreads();
 }
 
-// One block per token (grid-stride): cos/sin of the token's angles into shared memory, then all heads, W
-// consecutive pairs per thread and step (W = 8: 16-byte accesses, half % 8 == 0).
-template <int W>
+// One block per token (grid-stride): cos/sin of the token's angles into shared memory, then all heads.
 __global__ void rope_kernel(bf16* __restrict__ x, const int32_t* __restrict__ pos, const InvFreq inv_freq,
                             float sign, int64_t T, int64_t H, int half) {
   __shared__ float cs[kMaxHalf], sn[kMaxHalf];
@@ -55,23 +53,44 @@ __global__ void rope_kernel(bf16* __restrict__ x, const int32_t* __restrict__ po
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     token_cos_sin(cs, sn, pos[t], inv_freq, sign, half);
     bf16* xt = x + t * H * D;
-    const int groups = half / W;
+    const int64_t pairs = H * half;
+    for (int64_t k = threadIdx.x; k < pairs; k += blockDim.x) {
+      const int64_t h = k / half;
+      const int i = static_cast<int>(k - h * half);
+      bf16* r = xt + h * D;
+      const float x1 = __bfloat162float(r[i]), x2 = __bfloat162float(r[i + half]);
+      const float c = cs[i], s = sn[i];
+      r[i] = __float2bfloat16(__fsub_rn(round_bf16(__fmul_rn(x1, c)), round_bf16(__fmul_rn(x2, s))));
+      r[i + half] = __float2bfloat16(__fadd_rn(round_bf16(__fmul_rn(x2, c)), round_bf16(__fmul_rn(x1, s))));
+    }
+  }
+}
+
+// The same with 16-byte accesses: 8 consecutive pairs per thread (half % 8 == 0, x 16-byte aligned).
+__global__ void rope_vec_kernel(bf16* __restrict__ x, const int32_t* __restrict__ pos, const InvFreq inv_freq,
+                                float sign, int64_t T, int64_t H, int half) {
+  __shared__ float cs[kMaxHalf], sn[kMaxHalf];
+  const int64_t D = 2 * static_cast<int64_t>(half);
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    token_cos_sin(cs, sn, pos[t], inv_freq, sign, half);
+    bf16* xt = x + t * H * D;
+    const int groups = half / 8;
     const int64_t n = H * groups;
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
       const int64_t h = k / groups;
-      const int i0 = static_cast<int>(k - h * groups) * W;
+      const int i0 = static_cast<int>(k - h * groups) * 8;
       bf16* r = xt + h * D;
-      float x1[W], x2[W], o1[W], o2[W];
-      cuda::loadw<W>(r + i0, x1);
-      cuda::loadw<W>(r + i0 + half, x2);
+      float x1[8], x2[8], o1[8], o2[8];
+      cuda::load8(r + i0, x1);
+      cuda::load8(r + i0 + half, x2);
 #pragma unroll
-      for (int j = 0; j < W; ++j) {
+      for (int j = 0; j < 8; ++j) {
         const float c = cs[i0 + j], s = sn[i0 + j];
         o1[j] = __fsub_rn(round_bf16(__fmul_rn(x1[j], c)), round_bf16(__fmul_rn(x2[j], s)));
         o2[j] = __fadd_rn(round_bf16(__fmul_rn(x2[j], c)), round_bf16(__fmul_rn(x1[j], s)));
       }
-      cuda::storew<W>(r + i0, o1);
-      cuda::storew<W>(r + i0 + half, o2);
+      cuda::store8(r + i0, o1);
+      cuda::store8(r + i0 + half, o2);
     }
   }
 }
@@ -92,9 +111,9 @@ void rope_apply(CudaContext& ctx, const Tensor& x, const Tensor& pos, float thet
     inv.v[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(D));
   const unsigned grid = static_cast<unsigned>(T < 65535 * 16 ? T : 65535 * 16);
   if (half % 8 == 0 && cuda::aligned16(xp))
-    rope_kernel<8><<<grid, kThreads, 0, ctx.stream>>>(xp, pp, inv, sign, T, H, half);
+    rope_vec_kernel<<<grid, kThreads, 0, ctx.stream>>>(xp, pp, inv, sign, T, H, half);
   else
-    rope_kernel<1><<<grid, kThreads, 0, ctx.stream>>>(xp, pp, inv, sign, T, H, half);
+    rope_kernel<<<grid, kThreads, 0, ctx.stream>>>(xp, pp, inv, sign, T, H, half);
   cuda::check_launch(op);
 }
 

@@ -15,12 +15,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// The first 1024-byte-aligned address of a dynamic shared-memory buffer (swizzled TMA boxes and wgmma
-// descriptors with base offset 0 need it; allocate 1024 bytes of slack).
-__device__ __forceinline__ uint8_t* smem_align1024(uint8_t* raw) {
-  return raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
-}
-
 // ---- mbarrier ------------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t arrivals) {

@@ -17,49 +17,88 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
 
-// a[r,i] = silu(g) * u * wp[r], W outputs per thread and step.
-template <int W>
+// a[r,i] = silu(g) * u * wp[r]
 __global__ void swiglu_forward_kernel(const cuda::bf16* __restrict__ h13, const float* __restrict__ wp,
                                       cuda::bf16* __restrict__ a, int64_t R, int64_t f) {
-  const int64_t n = R * f / W;
-  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < n;
-       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t idx = v * W, r = idx / f, i = idx - r * f;
-    float g[W], u[W], o[W];
-    cuda::loadw<W>(h13 + r * 2 * f + i, g);
-    cuda::loadw<W>(h13 + r * 2 * f + f + i, u);
-    const float w = wp[r];
-#pragma unroll
-    for (int j = 0; j < W; ++j) o[j] = g[j] * sigmoidf(g[j]) * u[j] * w;
-    cuda::storew<W>(a + idx, o);
+  const int64_t n = R * f;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / f, i = idx - r * f;
+    const float g = cuda::ld(h13, r * 2 * f + i), u = cuda::ld(h13, r * 2 * f + f + i);
+    cuda::st(a, idx, g * sigmoidf(g) * u * wp[r]);
   }
 }
 
-// One block per row (grid-stride), W columns per thread and step: dgate = da*wp*u*silu'(g), dup = da*wp*silu(g),
-// silu'(g) = s(1 + g(1 - s)); dwp[r] = sum_i da*silu(g)*u, per-thread fp32 partials over the thread's columns in
-// a fixed order, then block_sum (fixed tree).
-template <int W>
+// The vector kernels below need f % 8 == 0 and 16-byte aligned tensors; the scalar kernels above take
+// everything else.
+using cuda::load8;
+using cuda::store8;
+
+// The forward, 8 outputs per thread (same arithmetic per element as swiglu_forward_kernel).
+__global__ void swiglu_forward_vec_kernel(const cuda::bf16* __restrict__ h13, const float* __restrict__ wp,
+                                          cuda::bf16* __restrict__ a, int64_t R, int64_t f) {
+  const int64_t n8 = R * f / 8;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < n8;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t idx = v * 8, r = idx / f, i = idx - r * f;
+    float g[8], u[8], o[8];
+    load8(h13 + r * 2 * f + i, g);
+    load8(h13 + r * 2 * f + f + i, u);
+    const float w = wp[r];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = g[j] * sigmoidf(g[j]) * u[j] * w;
+    store8(a + idx, o);
+  }
+}
+
+// One block per row (grid-stride): dgate = da*wp*u*silu'(g), dup = da*wp*silu(g), silu'(g) = s(1 + g(1 - s));
+// dwp[r] = sum_i da*silu(g)*u, per-thread fp32 partials in a fixed order, then block_sum (fixed tree).
 __global__ void swiglu_backward_kernel(const cuda::bf16* __restrict__ da, const cuda::bf16* __restrict__ h13,
                                        const float* __restrict__ wp, cuda::bf16* __restrict__ dh13,
                                        float* __restrict__ dwp, int64_t R, int64_t f) {
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
     const float w = wp[r];
     const cuda::bf16* gate = h13 + r * 2 * f;
+    const cuda::bf16* up = gate + f;
+    const cuda::bf16* gr = da + r * f;
+    cuda::bf16* dgate = dh13 + r * 2 * f;
+    cuda::bf16* dup = dgate + f;
     float acc = 0.f;
-    for (int64_t i = threadIdx.x * W; i < f; i += static_cast<int64_t>(blockDim.x) * W) {
-      float g[W], u[W], d[W], dg[W], du[W];
-      cuda::loadw<W>(gate + i, g);
-      cuda::loadw<W>(gate + f + i, u);
-      cuda::loadw<W>(da + r * f + i, d);
+    for (int64_t i = threadIdx.x; i < f; i += blockDim.x) {
+      const float g = cuda::ld(gate, i), u = cuda::ld(up, i), d = cuda::ld(gr, i);
+      const float s = sigmoidf(g), silu = g * s;
+      acc += d * silu * u;
+      cuda::st(dgate, i, d * w * u * s * (1.f + g * (1.f - s)));
+      cuda::st(dup, i, d * w * silu);
+    }
+    acc = cuda::block_sum(acc);
+    if (threadIdx.x == 0) dwp[r] = acc;
+  }
+}
+
+// The backward, 8 columns per thread and step (same arithmetic per element as swiglu_backward_kernel; dwp's
+// per-thread partials run over the thread's columns in a fixed order).
+__global__ void swiglu_backward_vec_kernel(const cuda::bf16* __restrict__ da, const cuda::bf16* __restrict__ h13,
+                                           const float* __restrict__ wp, cuda::bf16* __restrict__ dh13,
+                                           float* __restrict__ dwp, int64_t R, int64_t f) {
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    const float w = wp[r];
+    const cuda::bf16* gate = h13 + r * 2 * f;
+    float acc = 0.f;
+    for (int64_t i = threadIdx.x * 8; i < f; i += static_cast<int64_t>(blockDim.x) * 8) {
+      float g[8], u[8], d[8], dg[8], du[8];
+      load8(gate + i, g);
+      load8(gate + f + i, u);
+      load8(da + r * f + i, d);
 #pragma unroll
-      for (int j = 0; j < W; ++j) {
+      for (int j = 0; j < 8; ++j) {
         const float sg = sigmoidf(g[j]), silu = g[j] * sg;
         acc += d[j] * silu * u[j];
         dg[j] = d[j] * w * u[j] * sg * (1.f + g[j] * (1.f - sg));
         du[j] = d[j] * w * silu;
       }
-      cuda::storew<W>(dh13 + r * 2 * f + i, dg);
-      cuda::storew<W>(dh13 + r * 2 * f + f + i, du);
+      store8(dh13 + r * 2 * f + i, dg);
+      store8(dh13 + r * 2 * f + f + i, du);
     }
     acc = cuda::block_sum(acc);
     if (threadIdx.x == 0) dwp[r] = acc;
@@ -86,9 +125,9 @@ void CudaOps::swiglu_forward(const Tensor& h13, const Tensor& wp, const Tensor& 
   cuda::bf16* o = cuda::bf16p(a, op, "a");
   if (R * f == 0) return;
   if (vec_ok(f, h, o, o))
-    swiglu_forward_kernel<8><<<cuda::blocks_for(R * f / 8, kThreads), kThreads, 0, ctx().stream>>>(h, w, o, R, f);
+    swiglu_forward_vec_kernel<<<cuda::blocks_for(R * f / 8, kThreads), kThreads, 0, ctx().stream>>>(h, w, o, R, f);
   else
-    swiglu_forward_kernel<1><<<cuda::blocks_for(R * f, kThreads), kThreads, 0, ctx().stream>>>(h, w, o, R, f);
+    swiglu_forward_kernel<<<cuda::blocks_for(R * f, kThreads), kThreads, 0, ctx().stream>>>(h, w, o, R, f);
   cuda::check_launch(op);
 }
 
@@ -108,9 +147,9 @@ void CudaOps::swiglu_backward(const Tensor& da, const Tensor& h13, const Tensor&
   if (R == 0) return;
   // f == 0 still launches: every dwp[r] is overwritten with 0.
   if (vec_ok(f, g, h, dh))
-    swiglu_backward_kernel<8><<<row_blocks(R), kThreads, 0, ctx().stream>>>(g, h, w, dh, dw, R, f);
+    swiglu_backward_vec_kernel<<<row_blocks(R), kThreads, 0, ctx().stream>>>(g, h, w, dh, dw, R, f);
   else
-    swiglu_backward_kernel<1><<<row_blocks(R), kThreads, 0, ctx().stream>>>(g, h, w, dh, dw, R, f);
+    swiglu_backward_kernel<<<row_blocks(R), kThreads, 0, ctx().stream>>>(g, h, w, dh, dw, R, f);
   cuda::check_launch(op);
 }
 
