@@ -12,6 +12,7 @@
 #include "mxtrain/config.hpp"
 #include "mxtrain/data.hpp"
 #include "mxtrain/device_info.hpp"
+#include "mxtrain/stop_signal.hpp"
 #include "mxtrain/trainer.hpp"
 
 namespace {
@@ -71,6 +72,7 @@ int run(const mxt::CliOptions& opt, int rank, int world) {
                  cfg.dataset.sequence_packing ? ", packed" : "", tokens.num_tokens(), tokens.num_docs(),
                  tokens.describe());
   auto groups = mxt::make_process_groups(cfg.parallelism, *ops);
+  if (opt.dump_dir.empty()) mxt::install_stop_handlers();  // from here a signal ends the run after a step, saved
   mxt::Trainer trainer(cfg, *ops, std::move(tokens), groups);
   if (!opt.dump_dir.empty()) {
     trainer.dump_first_batch(opt.dump_dir);
@@ -78,7 +80,7 @@ int run(const mxt::CliOptions& opt, int rank, int world) {
     return 0;
   }
   trainer.run();
-  return 0;
+  return trainer.stopped_early() ? mxt::kStopExitCode : 0;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #   mxtrain_mpi_check       dp x ep training == one rank on the same global batch (tests/mpi/mpi_equivalence.cpp)
 #   mpi_binary_equivalence  the mxtrain binary under mpirun, against one process
 #   mpi_kill_rank / mpi_hang_rank   a rank killed / stopped mid-run ends the job with a message
+#   mpi_stop_signal         SIGUSR1 to a rank or to mpirun: all ranks stop after one step, saved (tests/stop_signal.sh)
 #   mpi_resume_reshard      stop + resume bit for bit (EP=2, DP=2); a checkpoint saved at EP=2 resumed at EP=1,
 #                           DP=2 and DP=2 x EP=2 (final HF export), and EP=1 -> EP=2, to 1e-5 (about 10 s)
 add_executable(mxtrain_mpi_check ${CMAKE_CURRENT_SOURCE_DIR}/mpi/mpi_equivalence.cpp)
@@ -43,3 +44,8 @@ foreach(t binary_equivalence kill_rank hang_rank resume_reshard)
   set_tests_properties(mpi_${t} PROPERTIES ENVIRONMENT "${MXT_MPI_ENV}" TIMEOUT 300 LABELS mpi
                        RESOURCE_LOCK mpi_ranks PROCESSORS 2)
 endforeach()
+
+# SIGUSR1 to one rank, then to mpirun: both ranks stop after the same step and save; the rerun resumes bit for bit.
+add_test(NAME mpi_stop_signal COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/stop_signal.sh $<TARGET_FILE:mxtrain> mpi)
+set_tests_properties(mpi_stop_signal PROPERTIES ENVIRONMENT "${MXT_MPI_ENV}" TIMEOUT 300 LABELS mpi
+                     RESOURCE_LOCK mpi_ranks PROCESSORS 2)

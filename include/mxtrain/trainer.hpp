@@ -25,6 +25,9 @@ struct StepResult {
   double aux_loss = 0;   // mean load-balancing loss (0 when off)
   double grad_norm = 0;  // before clipping
   double lr = 0;
+  // The stop signal (stop_signal.hpp) most ranks had caught by this step's loss reduction, and on how many ranks;
+  // 0 and 0 when none had.
+  int stop_signal = 0, stop_ranks = 0;
 };
 
 // Distributed (groups of more than one rank, see comm.hpp for the layout): every rank reads its own
@@ -40,6 +43,9 @@ class Trainer {
   StepResult train_step();  // one optimizer step
   // Runs until num_train_steps, logging every logger.frequency steps; returns the per-step losses.
   std::vector<double> run();
+  // run() ended before num_train_steps because a rank caught a stop signal (after saving a checkpoint where
+  // checkpoint.ckpt_dir is set).
+  bool stopped_early() const { return stopped_early_; }
   // One forward + backward of the first micro-batch, no update: writes into dir the gradients as an HF
   // checkpoint (grads/, HF names), logits.safetensors ("logits" [T, V] F32) and loss.json. For parity checks.
   void dump_first_batch(const std::string& dir);
@@ -69,6 +75,7 @@ class Trainer {
 
  private:
   void refresh_working_weights();  // master -> working copy after the optimizer step
+  void stop_early(int sig, int stop_ranks);  // a rank caught a stop signal: save, then run() returns
   void log_device_memory();        // peak allocated by the backend against the plan
   void load_micro_batch(int64_t index_in_step);  // next batch from the loader -> mb_; returns via n_valid_
   void start_grad_reduce(int part);  // parallelism.overlap_grad_reduce: one part's gradient ranges (trainer.cpp)
@@ -101,6 +108,7 @@ class Trainer {
   Batch batch_;
   int64_t n_valid_ = 0;  // labelled tokens in the current micro-batch
   int64_t step_ = 0;
+  bool stopped_early_ = false;
   std::unique_ptr<Checkpointer> ckpt_;  // null without checkpoint.ckpt_dir; last: joins its save thread first
 };
 

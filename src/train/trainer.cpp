@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
@@ -13,6 +14,7 @@
 #include "mxtrain/lr_schedule.hpp"
 #include "mxtrain/metrics.hpp"
 #include "mxtrain/safetensors.hpp"
+#include "mxtrain/stop_signal.hpp"
 #include "mxtrain/trace.hpp"
 
 #include <nlohmann/json.hpp>
@@ -262,9 +264,18 @@ StepResult Trainer::train_step() {
   StepResult r;
   std::vector<float> slots(acc);
   ops_.download(slots.data(), loss_slots_.data, acc * sizeof(float));
-  double sums[2] = {0, aux_sum};  // summed micro-batch means, aux losses: over all ranks
+  // Over all ranks: summed micro-batch means, aux losses, and per stop signal the ranks that caught it (so that
+  // all stop after the same step).
+  const std::array<int, 3> stops = stop_signals();
+  double sums[2 + stops.size()] = {0, aux_sum};
   for (int64_t i = 0; i < acc; ++i) sums[0] += slots[i] / std::max<int64_t>(1, n_valid[i]);
-  groups_->world_host->all_reduce_sum(sums, 2, CommType::F64);
+  for (size_t k = 0; k < stops.size(); ++k) sums[2 + k] = stop_signal() == stops[k] ? 1.0 : 0.0;
+  groups_->world_host->all_reduce_sum(sums, 2 + static_cast<int64_t>(stops.size()), CommType::F64);
+  for (size_t k = 0; k < stops.size(); ++k) {
+    const int n = static_cast<int>(sums[2 + k]);
+    if (n > 0 && (r.stop_ranks == 0 || n > r.stop_ranks)) r.stop_signal = stops[k];
+    r.stop_ranks = std::max(r.stop_ranks, n);
+  }
   r.loss = sums[0] / static_cast<double>(micro_total);
   r.aux_loss = sums[1] / static_cast<double>(micro_total);
   r.loss += cfg_.model.router_aux_loss_coef * r.aux_loss;
@@ -362,6 +373,10 @@ std::vector<double> Trainer::run() {
       step_last = step_;
     }
     if (ckpt_) ckpt_->after_step(ckpt_state());
+    if (r.stop_ranks > 0 && step_ < total) {
+      stop_early(r.stop_signal, r.stop_ranks);
+      break;
+    }
   }
   if (cfg_.parallelism.ep_size > 1) log_ep_exchange_stats(*groups_->world_host);
   if (StageClock* c = stage_clock()) {
@@ -369,12 +384,29 @@ std::vector<double> Trainer::run() {
     c->log("world rank " + std::to_string(rank_), static_cast<int>(std::max<int64_t>(1, step_ - first - 1)));
   }
   if (ckpt_) ckpt_->finish();
+  if (stopped_early_) {
+    if (rank_ == 0)
+      spdlog::warn("stopped at step {} of {}{}: run the same command to resume", step_, total,
+                   ckpt_ ? " (checkpoint saved)" : "; checkpoint.ckpt_dir is not set, so nothing was saved");
+    return losses;  // no final model: training did not finish
+  }
   if (cfg_.checkpoint.save_final_model && !cfg_.checkpoint.ckpt_dir.empty()) {
     const std::string dir = cfg_.checkpoint.ckpt_dir + "/final_model";
     export_final_model(dir);  // collective under expert parallelism; rank 0 writes
     if (rank_ == 0) spdlog::info("final model (HF safetensors, {}) -> {}", cfg_.checkpoint.final_model_dtype, dir);
   }
   return losses;
+}
+
+// Every rank gets here after the same step (the stop count comes from the step's loss reduction), so the save
+// below is collective as usual.
+void Trainer::stop_early(int sig, int stop_ranks) {
+  stopped_early_ = true;
+  if (rank_ == 0) {
+    spdlog::warn("{} on {} of {} rank(s): stopping after step {}{}", stop_signal_name(sig), stop_ranks, world_,
+                 step_, ckpt_ ? ", saving a checkpoint first" : "");
+  }
+  if (ckpt_) ckpt_->save(ckpt_state());  // nothing to do where after_step has just saved this step
 }
 
 void Trainer::log_device_memory() {
