@@ -3,10 +3,12 @@
 #include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 
 #include "mxtrain/backend.hpp"
+#include "mxtrain/checkpoint.hpp"
 #include "mxtrain/cli.hpp"
 #include "mxtrain/comm.hpp"
 #include "mxtrain/config.hpp"
@@ -23,6 +25,26 @@ namespace {
   if (world > 1) MPI_Abort(MPI_COMM_WORLD, code);
   MPI_Finalize();
   std::exit(code);
+}
+
+// The checkpoint size, and whether its filesystem has room: a ConfigError when the first save cannot fit (not
+// for --dry-run, which only says so), a warning when a later one may not.
+std::string checkpoint_plan(const mxt::TrainConfig& cfg, bool dry_run) {
+  const mxt::CheckpointConfig& c = cfg.checkpoint;
+  const int64_t bytes = mxt::checkpoint_bytes(cfg.model);
+  std::string s = fmt::format("checkpoint: {:.1f} GB per save (fp32 master and AdamW moments, one shard per rank){}\n",
+                              static_cast<double>(bytes) / 1e9,
+                              c.ckpt_dir.empty() ? "; checkpoint.ckpt_dir is not set: no saves" : "");
+  if (c.ckpt_dir.empty()) return s;
+  const int64_t existing = static_cast<int64_t>(mxt::find_checkpoints(c.ckpt_dir).size());
+  const int64_t saves = c.save_every_n_steps > 0 ? cfg.num_train_steps / c.save_every_n_steps : 0;
+  const mxt::CheckpointSpace space = mxt::check_checkpoint_space(c, bytes, existing, std::max<int64_t>(1, saves));
+  if (!space.error.empty()) {
+    if (!dry_run) throw mxt::ConfigError(space.error);
+    s += "  " + space.error + "\n";
+  }
+  if (!space.warning.empty()) spdlog::warn("{}", space.warning);
+  return s;
 }
 
 int run(const mxt::CliOptions& opt, int rank, int world) {
@@ -44,7 +66,10 @@ int run(const mxt::CliOptions& opt, int rank, int world) {
   const int device = mxt::cuda_device_count() == 1 ? 0 : node.local_rank;
   if (opt.dry_run) {  // the plan needs only the backend's dtype, so backend=cuda plans without a GPU
     const mxt::MemoryPlan plan = mxt::plan_memory(cfg, mxt::backend_act_dtype(cfg.backend));
-    if (rank == 0) std::fputs(mxt::format_memory_plan(cfg, plan).c_str(), stdout);
+    if (rank == 0) {
+      std::fputs(mxt::format_memory_plan(cfg, plan).c_str(), stdout);
+      std::fputs(checkpoint_plan(cfg, true).c_str(), stdout);
+    }
     return 0;
   }
   std::string why;
@@ -66,6 +91,7 @@ int run(const mxt::CliOptions& opt, int rank, int world) {
   const size_t free_bytes = ops->device_free_bytes() / (ops->device() == mxt::Device::CUDA ? 1 : node.local_size);
   const std::string no_fit = mxt::plan_fit_problem(cfg, plan, free_bytes);
   if (!no_fit.empty()) throw mxt::ConfigError("rank " + std::to_string(rank) + ": " + no_fit);
+  if (rank == 0) std::fputs(checkpoint_plan(cfg, false).c_str(), stdout);  // throws when a save cannot fit
   mxt::Corpus tokens = mxt::open_corpus(cfg.dataset, cfg.model.vocab_size);
   if (rank == 0)
     spdlog::info("dataset ({}{}): {} tokens in {} documents\n{}", cfg.dataset.source,

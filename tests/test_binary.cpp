@@ -91,6 +91,8 @@ TEST(Binary, DryRunPrintsThePlanWithoutTraining) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("memory plan per rank"));
   EXPECT_THAT(r.output, HasSubstr("1 of 8 experts"));  // EP=8
+  // 47.5 B parameters x 12 bytes (fp32 master, two AdamW moments): more than the 8-GPU machine's 235 GB disk
+  EXPECT_THAT(r.output, HasSubstr("checkpoint: 569.9 GB per save"));
 }
 
 // The plan needs only the backend's dtype: backend=cuda plans the bf16 run here, GPU or not, and with MXFP8

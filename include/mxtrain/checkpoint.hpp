@@ -124,6 +124,21 @@ class Checkpointer {
   int64_t last_saved_step_ = -1;
 };
 
+// ---- disk space ----------------------------------------------------------------------------------------------
+
+// Bytes of one checkpoint of this model over all ranks: the fp32 master and both AdamW moments of every dense and
+// expert parameter (shard headers, manifest and data-loader state aside: kilobytes).
+int64_t checkpoint_bytes(const ModelConfig& m);
+struct CheckpointSpace {
+  std::string error;    // the first save cannot fit: the run should not start
+  std::string warning;  // a later save may not fit (retention, or every checkpoint kept)
+};
+// Checks the filesystem holding ckpt_dir (or its nearest existing parent) for the saves this run will make:
+// `bytes` per checkpoint, `existing` complete checkpoints already there (pruned only after a new one is in), and
+// `saves_left` saves to come. free_bytes < 0: ask the filesystem.
+CheckpointSpace check_checkpoint_space(const CheckpointConfig& c, int64_t bytes, int64_t existing,
+                                       int64_t saves_left, int64_t free_bytes = -1);
+
 // ---- the pieces, for tests and tools ----------------------------------------------------------------------
 
 // Save s into ckpt_dir/step_<s.step> synchronously (every rank calls it); returns the checkpoint directory.
