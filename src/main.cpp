@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <optional>
 
 #include "mxtrain/backend.hpp"
 #include "mxtrain/checkpoint.hpp"
@@ -97,9 +98,22 @@ int run(const mxt::CliOptions& opt, int rank, int world) {
     spdlog::info("dataset ({}{}): {} tokens in {} documents\n{}", cfg.dataset.source,
                  cfg.dataset.sequence_packing ? ", packed" : "", tokens.num_tokens(), tokens.num_docs(),
                  tokens.describe());
+  std::optional<mxt::Corpus> held_out;  // validation.paths, opened before minutes of set-up could be wasted
+  if (cfg.validation.every_n_steps > 0) {
+    try {
+      held_out = mxt::open_corpus(mxt::validation_dataset(cfg), cfg.model.vocab_size);
+    } catch (const mxt::DataError& e) {
+      throw mxt::DataError(std::string("validation.paths: ") + e.what());
+    }
+    if (rank == 0)
+      spdlog::info("validation data: {} tokens in {} documents, {} micro-batches per rank every {} steps\n{}",
+                   held_out->num_tokens(), held_out->num_docs(), cfg.validation.num_batches,
+                   cfg.validation.every_n_steps, held_out->describe());
+  }
   auto groups = mxt::make_process_groups(cfg.parallelism, *ops);
   if (opt.dump_dir.empty()) mxt::install_stop_handlers();  // from here a signal ends the run after a step, saved
   mxt::Trainer trainer(cfg, *ops, std::move(tokens), groups);
+  if (held_out) trainer.set_validation_data(std::move(*held_out));
   if (!opt.dump_dir.empty()) {
     trainer.dump_first_batch(opt.dump_dir);
     spdlog::info("first batch dumped to {}", opt.dump_dir);

@@ -379,6 +379,12 @@ TEST(ConfigChecks, BadValuesNameKeyAndValue) {
       {{"checkpoint.save_every_n_steps=-1"}, "checkpoint.save_every_n_steps must be >= 0, got -1"},
       {{"checkpoint.max_checkpoints=-2"}, "checkpoint.max_checkpoints must be >= 0, got -2"},
       {{"logger.frequency=0"}, "logger.frequency must be positive, got 0"},
+      {{"validation.every_n_steps=-1"}, "validation.every_n_steps must be >= 0, got -1"},
+      {{"validation.num_batches=0"}, "validation.num_batches must be positive, got 0"},
+      {{"validation.every_n_steps=5"}, "validation.every_n_steps > 0 needs held-out data, but dataset.source is "
+                                       "'embedded'"},
+      {{"validation.every_n_steps=5", "dataset.source=fasta", "dataset.paths=[a.fa]"},
+       "validation.every_n_steps=5 needs validation.paths"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.overrides[0]);

@@ -97,6 +97,13 @@ struct LoggerConfig {
   std::string metrics_file;  // JSON lines; empty: <output_dir>/metrics.jsonl
 };
 
+struct ValidationConfig {
+  int64_t every_n_steps = 0;  // evaluate every n steps and after the last; 0: never
+  int64_t num_batches = 8;    // micro-batches per rank per evaluation
+  std::vector<std::string> paths;  // held-out data, read like dataset.paths
+  std::string metrics_file;   // JSON lines; empty: <output_dir>/validation.jsonl
+};
+
 struct TrainConfig {
   ModelConfig model;
   DatasetConfig dataset;
@@ -106,6 +113,7 @@ struct TrainConfig {
   Fp8Config fp8;
   CheckpointConfig checkpoint;
   LoggerConfig logger;
+  ValidationConfig validation;
   int64_t num_train_steps = 0;
   int64_t grad_acc_steps = 1;
   double max_grad_norm = 1.0;
@@ -130,6 +138,9 @@ struct LoadOptions {
 YAML::Node resolve_config(const LoadOptions& opt);
 // Typed view plus semantic checks that do not depend on the run (shape divisibility, ranges).
 TrainConfig to_train_config(const YAML::Node& resolved);
+// The dataset settings the held-out loss reads validation.paths with: dataset's, one stream (no blend weights),
+// no reverse complement, no prefetch thread.
+DatasetConfig validation_dataset(const TrainConfig& cfg);
 // Checks that depend on the run: world size, data files present.
 void validate_for_run(const TrainConfig& cfg, int world_size);
 // YAML text of a resolved config (for --cfg job and checkpoints).

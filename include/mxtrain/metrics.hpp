@@ -13,6 +13,14 @@ struct StepMetrics {
   int64_t tokens = 0;  // tokens consumed so far
 };
 
+// One held-out evaluation (validation.jsonl).
+struct ValidationMetrics {
+  int64_t step = 0;
+  double loss = 0;
+  int64_t tokens = 0;
+  double seconds = 0;
+};
+
 class MetricsLog {
  public:
   // path empty: no file. The file is truncated unless append is set (resume).
@@ -21,7 +29,9 @@ class MetricsLog {
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
   void log(const StepMetrics& m);  // one console line (spdlog) + one JSON line (flushed)
+  void log(const ValidationMetrics& m);
  private:
+  void write_line(const std::string& json);
   FILE* f_ = nullptr;
 };
 

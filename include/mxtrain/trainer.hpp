@@ -20,6 +20,13 @@ namespace mxt {
 class Checkpointer;
 struct TrainState;
 
+// One held-out evaluation over all ranks.
+struct ValidationResult {
+  double loss = 0;      // mean token cross-entropy (no aux loss)
+  int64_t tokens = 0;   // labelled tokens evaluated, over all ranks
+  double seconds = 0;
+};
+
 struct StepResult {
   double loss = 0;       // mean cross-entropy (+ coef * aux) over the step's micro-batches
   double aux_loss = 0;   // mean load-balancing loss (0 when off)
@@ -46,6 +53,12 @@ class Trainer {
   // run() ended before num_train_steps because a rank caught a stop signal (after saving a checkpoint where
   // checkpoint.ckpt_dir is set).
   bool stopped_early() const { return stopped_early_; }
+  // Held-out data (main opens validation.paths with validation_dataset): run() then evaluates every
+  // validation.every_n_steps and after its last step.
+  void set_validation_data(Corpus corpus);
+  // Forward only, collective: the mean token cross-entropy of validation.num_batches micro-batches per rank,
+  // the same micro-batches every call. Changes no training state (weights, data position, jitter stream).
+  ValidationResult evaluate();
   // One forward + backward of the first micro-batch, no update: writes into dir the gradients as an HF
   // checkpoint (grads/, HF names), logits.safetensors ("logits" [T, V] F32) and loss.json. For parity checks.
   void dump_first_batch(const std::string& dir);
@@ -78,6 +91,7 @@ class Trainer {
   void stop_early(int sig, int stop_ranks);  // a rank caught a stop signal: save, then run() returns
   void log_device_memory();        // peak allocated by the backend against the plan
   void load_micro_batch(int64_t index_in_step);  // next batch from the loader -> mb_; returns via n_valid_
+  void load_batch(BatchLoader& from);            // next batch of `from` -> mb_; returns via n_valid_
   void start_grad_reduce(int part);  // parallelism.overlap_grad_reduce: one part's gradient ranges (trainer.cpp)
   std::vector<std::array<int64_t, 4>> grad_parts_;  // start_grad_reduce's ranges, built on first use
   // cuda_graphs: micro-batch i's forward + backward, captured on the second step (the first allocates the ops'
@@ -107,6 +121,8 @@ class Trainer {
   BatchLoader loader_;
   Batch batch_;
   int64_t n_valid_ = 0;  // labelled tokens in the current micro-batch
+  std::unique_ptr<BatchLoader> val_loader_;  // set_validation_data; null: no evaluation
+  Tensor val_loss_;  // [1] F32: summed token cross-entropy of an evaluation
   int64_t step_ = 0;
   bool stopped_early_ = false;
   std::unique_ptr<Checkpointer> ckpt_;  // null without checkpoint.ckpt_dir; last: joins its save thread first

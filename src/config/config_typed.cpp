@@ -264,6 +264,10 @@ void read_rest(const Reader& r, TrainConfig& c) {
   k.async_save = r.b("checkpoint.async_save");
   c.logger.frequency = r.i("logger.frequency");
   c.logger.metrics_file = r.s("logger.metrics_file");
+  c.validation.every_n_steps = r.i("validation.every_n_steps");
+  c.validation.num_batches = r.i("validation.num_batches");
+  c.validation.paths = r.strings("validation.paths");
+  c.validation.metrics_file = r.s("validation.metrics_file");
 }
 
 // MXFP8 blocks 32 values along every GEMM's contraction dim: the widths, and (for the attention projections'
@@ -306,6 +310,15 @@ void check_rest(TrainConfig& c) {
   require_non_negative(static_cast<double>(c.checkpoint.save_every_n_steps), "checkpoint.save_every_n_steps");
   require_non_negative(static_cast<double>(c.checkpoint.max_checkpoints), "checkpoint.max_checkpoints");
   require_positive(c.logger.frequency, "logger.frequency");
+  require_non_negative(c.validation.every_n_steps, "validation.every_n_steps");
+  require_positive(c.validation.num_batches, "validation.num_batches");
+  if (c.validation.every_n_steps > 0) {
+    require(c.dataset.source != "embedded",
+            "validation.every_n_steps > 0 needs held-out data, but dataset.source is 'embedded' (one built-in "
+            "corpus, nothing held out): set dataset.source and dataset.paths, and validation.paths");
+    require(!c.validation.paths.empty(), fmt::format("validation.every_n_steps={} needs validation.paths (held-out "
+                                                     "files read like dataset.paths)", c.validation.every_n_steps));
+  }
 }
 
 }  // namespace
@@ -322,6 +335,15 @@ TrainConfig to_train_config(const YAML::Node& resolved) {
   check_optimizer(c);
   check_rest(c);
   return c;
+}
+
+DatasetConfig validation_dataset(const TrainConfig& cfg) {
+  DatasetConfig d = cfg.dataset;
+  d.paths = cfg.validation.paths;
+  d.weights.clear();
+  d.reverse_complement_prob = 0;
+  d.prefetch = 0;
+  return d;
 }
 
 void validate_for_run(const TrainConfig& c, int world_size) {

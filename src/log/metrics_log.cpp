@@ -63,7 +63,20 @@ void MetricsLog::log(const StepMetrics& m) {
       {"lr", m.lr},               {"grad_norm", m.grad_norm},     {"aux_loss", m.aux_loss},
       {"tokens", m.tokens},       {"tokens_per_s", m.tokens_per_s}, {"elapsed_s", m.elapsed_s},
       {"eta_s", m.eta_s}};
-  const std::string text = j.dump() + "\n";
+  write_line(j.dump());
+}
+
+void MetricsLog::log(const ValidationMetrics& m) {
+  spdlog::info("validation at step {}: loss {:.4f} | perplexity {:.3f} | {} tokens in {:.2f} s", m.step, m.loss,
+               std::exp(m.loss), m.tokens, m.seconds);
+  if (!f_) return;
+  const nlohmann::ordered_json j = {{"step", m.step}, {"val_loss", m.loss}, {"val_perplexity", std::exp(m.loss)},
+                                    {"tokens", m.tokens}, {"seconds", m.seconds}};
+  write_line(j.dump());
+}
+
+void MetricsLog::write_line(const std::string& json) {
+  const std::string text = json + "\n";
   if (std::fputs(text.c_str(), f_) == EOF || std::fflush(f_) != 0)
     spdlog::warn("writing the metrics file failed: {}", std::strerror(errno));
 }

@@ -195,8 +195,10 @@ void Trainer::refresh_working_weights() {
   if (model_) model_->invalidate_fp8_weights();  // MXFP8 copies are re-quantised by the next forward
 }
 
-void Trainer::load_micro_batch(int64_t) {
-  loader_.next(batch_);
+void Trainer::load_micro_batch(int64_t) { load_batch(loader_); }
+
+void Trainer::load_batch(BatchLoader& from) {
+  from.next(batch_);
   const size_t bytes = batch_.input_ids.size() * sizeof(int32_t);
   // In stream order after the previous micro-batch's kernels, which read the same buffers.
   ops_.upload_async(mb_.ids.data, batch_.input_ids.data(), bytes);
@@ -330,12 +332,18 @@ std::vector<double> Trainer::run() {
   const int64_t total = cfg_.num_train_steps;
   const int64_t tokens_per_step =
       cfg_.grad_acc_steps * cfg_.dataset.micro_batch_size * cfg_.dataset.max_seq_length * world_;
-  std::unique_ptr<MetricsLog> log;
+  std::unique_ptr<MetricsLog> log, val_log;
   if (rank_ == 0) {
     const std::string path =
         cfg_.logger.metrics_file.empty() ? cfg_.output_dir + "/metrics.jsonl" : cfg_.logger.metrics_file;
     if (resumed) truncate_metrics_after(path, step_);  // then append: one line per step across restarts
     log = std::make_unique<MetricsLog>(path, resumed);
+    if (val_loader_ && cfg_.validation.every_n_steps > 0) {
+      const std::string vpath = cfg_.validation.metrics_file.empty() ? cfg_.output_dir + "/validation.jsonl"
+                                                                     : cfg_.validation.metrics_file;
+      if (resumed) truncate_metrics_after(vpath, step_);
+      val_log = std::make_unique<MetricsLog>(vpath, resumed);
+    }
     spdlog::info("training {} steps on {} | {} tokens per step | metrics -> {}", total, ops_.name(),
                  tokens_per_step, path);
   }
@@ -373,6 +381,11 @@ std::vector<double> Trainer::run() {
       step_last = step_;
     }
     if (ckpt_) ckpt_->after_step(ckpt_state());
+    const int64_t every = cfg_.validation.every_n_steps;
+    if (val_loader_ && every > 0 && (step_ % every == 0 || step_ == total)) {
+      const ValidationResult v = evaluate();
+      if (val_log) val_log->log(ValidationMetrics{step_, v.loss, v.tokens, v.seconds});
+    }
     if (r.stop_ranks > 0 && step_ < total) {
       stop_early(r.stop_signal, r.stop_ranks);
       break;
@@ -396,6 +409,38 @@ std::vector<double> Trainer::run() {
     if (rank_ == 0) spdlog::info("final model (HF safetensors, {}) -> {}", cfg_.checkpoint.final_model_dtype, dir);
   }
   return losses;
+}
+
+void Trainer::set_validation_data(Corpus corpus) {
+  val_loader_ = std::make_unique<BatchLoader>(std::move(corpus), validation_dataset(cfg_), cfg_.seed, rank_, world_);
+  const int64_t want = cfg_.validation.num_batches * cfg_.dataset.micro_batch_size;
+  if (rank_ == 0 && want > val_loader_->windows_per_epoch())
+    spdlog::warn("validation.num_batches={} reads {} rows per rank, but validation.paths holds {} per rank: some are "
+                 "evaluated more than once", cfg_.validation.num_batches, want, val_loader_->windows_per_epoch());
+  if (!val_loss_.data) val_loss_ = Tensor(ops_.alloc(sizeof(float)), DType::F32, {1}, ops_.device());
+}
+
+ValidationResult Trainer::evaluate() {
+  if (!val_loader_) throw std::logic_error("Trainer::evaluate without set_validation_data");
+  const auto t0 = std::chrono::steady_clock::now();
+  TraceScope trace("validation");
+  val_loader_->set_position(0, 0, 0);  // the same micro-batches every time
+  ops_.zero(val_loss_);
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < cfg_.validation.num_batches; ++i) {
+    load_batch(*val_loader_);
+    tokens += n_valid_;
+    model_->forward_backward(mb_, 1.f, 0.f, val_loss_, false, 0);  // no gradients, no router jitter
+  }
+  float sum = 0;
+  ops_.download(&sum, val_loss_.data, sizeof(float));
+  double sums[2] = {sum, static_cast<double>(tokens)};
+  groups_->world_host->all_reduce_sum(sums, 2, CommType::F64);
+  ValidationResult r;
+  r.tokens = static_cast<int64_t>(sums[1]);
+  r.loss = r.tokens > 0 ? sums[0] / sums[1] : std::nan("");
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
 }
 
 // Every rank gets here after the same step (the stop count comes from the step's loss reduction), so the save

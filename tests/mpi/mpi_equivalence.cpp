@@ -107,8 +107,15 @@ mxt::TrainConfig tiny_config(const Args& a, bool gpu) {
   return c;
 }
 
+// Held-out tokens for evaluate(): the embedded corpus's last 20,000 (the runs train on its beginning).
+mxt::Corpus held_out() {
+  const std::vector<int32_t> all = mxt::embedded_corpus_tokens();
+  return std::vector<int32_t>(all.end() - 20000, all.end());
+}
+
 struct Run {
   std::vector<double> loss, norm;
+  std::vector<double> val;  // validation loss and tokens after the last step
   std::vector<float> dense, expert;  // final master weights (expert: all experts on the reference)
 };
 
@@ -160,14 +167,19 @@ int main(int argc, char** argv) {
     rc.parallelism.dp_size = rc.parallelism.ep_size = 1;
     if (a.mode == "acc") rc.grad_acc_steps *= world;
     else rc.dataset.micro_batch_size *= world;
+    if (a.mode == "acc") rc.validation.num_batches *= world;  // batch mode: world x the rows per batch already
     mxt::Trainer t(rc, *ops, mxt::embedded_corpus_tokens());
+    t.set_validation_data(held_out());
     for (int s = 0; s < a.steps; ++s) {
       const mxt::StepResult r = t.train_step();
       ref.loss.push_back(r.loss);
       ref.norm.push_back(r.grad_norm);
     }
     t.master_weights(ref.dense, ref.expert);
+    const mxt::ValidationResult v = t.evaluate();
+    ref.val = {v.loss, static_cast<double>(v.tokens)};
   }
+  bcast(ref.val, 2);
   bcast(ref.loss, a.steps);
   bcast(ref.norm, a.steps);
   bcast(ref.dense);
@@ -184,6 +196,12 @@ int main(int argc, char** argv) {
     got.norm.push_back(r.grad_norm);
   }
   t.master_weights(got.dense, got.expert);
+  t.set_validation_data(held_out());
+  const mxt::ValidationResult v = t.evaluate();  // every rank its own micro-batches, the same ones in all
+  check(v.tokens == static_cast<int64_t>(ref.val[1]),
+        "validation tokens " + std::to_string(v.tokens) + " vs " + std::to_string(ref.val[1]) + " (one rank)");
+  check(std::fabs(v.loss - ref.val[0]) <= tol_loss * std::fabs(ref.val[0]),
+        "validation loss " + std::to_string(v.loss) + " vs " + std::to_string(ref.val[0]) + " (one rank)");
 
   // Sharding really happened: AdamW moments are this rank's slice only.
   if (world > 1) {
@@ -238,6 +256,8 @@ int main(int argc, char** argv) {
       std::printf("  %4d  %.9f  %.9f  %.9f       %.9f\n", s + 1, got.loss[s], ref.loss[s], got.norm[s], ref.norm[s]);
     std::printf("  worst relative loss diff %.3g, grad norm %.3g; rank 0 weights max |diff| dense %.3g expert %.3g\n",
                 worst_loss, worst_norm, wd, we);
+    std::printf("  validation after the last step: loss %.9f over %lld tokens (one rank: %.9f over %.0f)\n", v.loss,
+                static_cast<long long>(v.tokens), ref.val[0], ref.val[1]);
     std::printf("  dense AdamW shard %lld of %lld elements, expert shard %lld of %lld\n",
                 static_cast<long long>(t.dense().adam_m.numel()), static_cast<long long>(t.layout().dense_numel),
                 static_cast<long long>(t.expert().adam_m.numel()), static_cast<long long>(t.layout().expert_numel));
