@@ -434,6 +434,12 @@ ValidationResult Trainer::evaluate() {
   }
   float sum = 0;
   ops_.download(&sum, val_loss_.data, sizeof(float));
+  // The forward-only pass may have grown an op's scratch buffer, which captured graphs would still point at:
+  // capture again at the next step (a capture costs about one eager micro-batch's launches).
+  for (MicroGraph& g : graphs_) {
+    ops_.graph_destroy(g.exec);
+    g.exec = nullptr;
+  }
   double sums[2] = {sum, static_cast<double>(tokens)};
   groups_->world_host->all_reduce_sum(sums, 2, CommType::F64);
   ValidationResult r;
