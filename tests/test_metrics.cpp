@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "mxtrain/metrics.hpp"
+#include "mxtrain/params.hpp"
 
 namespace fs = std::filesystem;
 using mxt::MetricsLog;
@@ -57,6 +58,7 @@ class MetricsDir : public ::testing::Test {
     m.elapsed_s = 12;
     m.eta_s = 108;
     m.tokens = step * 4096;
+    m.flops_per_s_per_rank = 473.66e12;
     return m;
   }
   fs::path dir_;
@@ -70,7 +72,8 @@ TEST_F(MetricsDir, ConsoleLineFormat) {
   MetricsLog log("");
   log.log(sample(12));
   EXPECT_EQ(console_.str(),
-            "step 12/120 | loss 5.4321 | lr 1.20e-03 | grad_norm 0.812 | 10.2k tok/s | elapsed 12s | eta 1m48s\n");
+            "step 12/120 | loss 5.4321 | lr 1.20e-03 | grad_norm 0.812 | 10.2k tok/s | 473.7 TFLOP/s per rank | "
+            "elapsed 12s | eta 1m48s\n");
   console_.str("");
   StepMetrics m = sample(3);
   m.aux_loss = 0.0125;
@@ -78,6 +81,10 @@ TEST_F(MetricsDir, ConsoleLineFormat) {
   log.log(m);
   EXPECT_NE(console_.str().find("| aux_loss 0.0125 |"), std::string::npos) << console_.str();
   EXPECT_NE(console_.str().find("2.50M tok/s"), std::string::npos) << console_.str();
+  console_.str("");
+  m.flops_per_s_per_rank = 3.9e10;  // a CPU rank
+  log.log(m);
+  EXPECT_NE(console_.str().find("| 39.0 GFLOP/s per rank |"), std::string::npos) << console_.str();
 }
 
 TEST_F(MetricsDir, JsonLinesParseBackAndCreateDirectories) {
@@ -95,7 +102,7 @@ TEST_F(MetricsDir, JsonLinesParseBackAndCreateDirectories) {
   ASSERT_EQ(rows.size(), 3u);
   for (int64_t s = 1; s <= 3; ++s) {
     const auto& j = rows[s - 1];
-    EXPECT_EQ(j.size(), 10u);
+    EXPECT_EQ(j.size(), 11u);
     EXPECT_EQ(j.at("step").get<int64_t>(), s);
     EXPECT_EQ(j.at("total_steps").get<int64_t>(), 120);
     EXPECT_EQ(j.at("loss").get<double>(), 5.4321);  // shortest round-trip text: exact
@@ -106,6 +113,7 @@ TEST_F(MetricsDir, JsonLinesParseBackAndCreateDirectories) {
     EXPECT_EQ(j.at("tokens_per_s").get<double>(), 10234.0);
     EXPECT_EQ(j.at("elapsed_s").get<double>(), 12.0);
     EXPECT_EQ(j.at("eta_s").get<double>(), 108.0);
+    EXPECT_DOUBLE_EQ(j.at("tflops_per_rank").get<double>(), 473.66);
   }
 }
 
@@ -157,4 +165,32 @@ TEST(FormatDuration, Shapes) {
   EXPECT_EQ(mxt::format_duration(100 * 3600 + 5), "100h00m05s");
   EXPECT_EQ(mxt::format_duration(-1), "?");
   EXPECT_EQ(mxt::format_duration(INFINITY), "?");
+}
+
+// The HF baseline's FLOP formula (shared/bench/hf_baseline.py flops_per_token), whose values for its presets at
+// their sequence lengths were computed by that Python function: the TFLOP/s mxtrain logs compare with its.
+TEST(ModelFlops, EqualsTheHfBaselinesFormula) {
+  mxt::ModelConfig m;  // Mixtral-8x7B, seq 4096
+  m.vocab_size = 128256;
+  m.hidden_size = 4096;
+  m.intermediate_size = 14336;
+  m.num_hidden_layers = 32;
+  m.num_attention_heads = 32;
+  m.num_key_value_heads = 8;
+  m.num_local_experts = 8;
+  m.num_experts_per_tok = 2;
+  EXPECT_EQ(mxt::model_flops_per_token(m, 4096), 82078334976.0);
+  m.hidden_size = 2048;  // 8x1B
+  m.intermediate_size = 4096;
+  m.num_hidden_layers = 16;
+  m.num_attention_heads = 16;
+  EXPECT_EQ(mxt::model_flops_per_token(m, 4096), 8422686720.0);
+  m.hidden_size = 256;  // L0_sanity, seq 128
+  m.intermediate_size = 512;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.num_local_experts = 4;
+  EXPECT_EQ(mxt::model_flops_per_token(m, 128), 209203200.0);
+  EXPECT_EQ(mxt::model_flops_per_token(mxt::ModelConfig{}, 128), 0.0);  // no heads: no model
 }

@@ -11,6 +11,7 @@ struct StepMetrics {
   double loss = 0, lr = 0, grad_norm = 0, aux_loss = 0;
   double tokens_per_s = 0, elapsed_s = 0, eta_s = 0;
   int64_t tokens = 0;  // tokens consumed so far
+  double flops_per_s_per_rank = 0;  // model FLOPs (model_flops_per_token) per second and rank
 };
 
 // One held-out evaluation (validation.jsonl).

@@ -29,6 +29,12 @@ struct ParamLayout {
   const ParamInfo& find(const std::string& name) const;
 };
 
+// Model FLOPs of one training token (forward + backward) at sequence length seq, the HF baseline's formula
+// (shared/bench/hf_baseline.py), so that TFLOP/s figures compare: 6 x the active parameters (attention, router,
+// top-k experts per layer, and the LM head; not the embedding lookup) + 6 L d seq (causal attention scores,
+// half of 12 L d seq). Recomputation is not counted.
+double model_flops_per_token(const ModelConfig& m, int64_t seq);
+
 // One role's flat buffers: F32 master, gradient and AdamW moments, and the working copy the forward reads
 // in the backend's activation dtype (on the CPU backend the working copy is the master itself).
 // ZeRO-1 (Trainer, multi-rank): master and grad are padded to a multiple of the replica count, and

@@ -22,6 +22,13 @@ std::string format_rate(double tok_per_s) {
   return fmt::format("{:.0f}", tok_per_s);
 }
 
+// Model FLOP/s in the unit that fits: "473.7 TFLOP/s", "12.3 GFLOP/s" (a CPU run).
+std::string format_flops(double flops_per_s) {
+  if (!std::isfinite(flops_per_s)) return "? FLOP/s";
+  if (flops_per_s >= 1e12) return fmt::format("{:.1f} TFLOP/s", flops_per_s / 1e12);
+  return fmt::format("{:.1f} GFLOP/s", flops_per_s / 1e9);
+}
+
 }  // namespace
 
 std::string format_duration(double seconds) {
@@ -51,8 +58,8 @@ void MetricsLog::log(const StepMetrics& m) {
   std::string line = fmt::format("step {}/{} | loss {:.4f} | lr {:.2e} | grad_norm {:.3f}", m.step, m.total_steps,
                                  m.loss, m.lr, m.grad_norm);
   if (m.aux_loss != 0) line += fmt::format(" | aux_loss {:.4f}", m.aux_loss);  // only MoE runs with a coef
-  line += fmt::format(" | {} tok/s | elapsed {} | eta {}", format_rate(m.tokens_per_s), format_duration(m.elapsed_s),
-                      format_duration(m.eta_s));
+  line += fmt::format(" | {} tok/s | {} per rank | elapsed {} | eta {}", format_rate(m.tokens_per_s),
+                      format_flops(m.flops_per_s_per_rank), format_duration(m.elapsed_s), format_duration(m.eta_s));
   spdlog::info(line);
   if (!f_) return;
 
@@ -62,7 +69,7 @@ void MetricsLog::log(const StepMetrics& m) {
       {"step", m.step},           {"total_steps", m.total_steps}, {"loss", m.loss},
       {"lr", m.lr},               {"grad_norm", m.grad_norm},     {"aux_loss", m.aux_loss},
       {"tokens", m.tokens},       {"tokens_per_s", m.tokens_per_s}, {"elapsed_s", m.elapsed_s},
-      {"eta_s", m.eta_s}};
+      {"eta_s", m.eta_s},         {"tflops_per_rank", m.flops_per_s_per_rank / 1e12}};
   write_line(j.dump());
 }
 

@@ -332,6 +332,7 @@ std::vector<double> Trainer::run() {
   const int64_t total = cfg_.num_train_steps;
   const int64_t tokens_per_step =
       cfg_.grad_acc_steps * cfg_.dataset.micro_batch_size * cfg_.dataset.max_seq_length * world_;
+  const double flops_per_token = model_flops_per_token(cfg_.model, cfg_.dataset.max_seq_length);
   std::unique_ptr<MetricsLog> log, val_log;
   if (rank_ == 0) {
     const std::string path =
@@ -373,6 +374,7 @@ std::vector<double> Trainer::run() {
       m.grad_norm = r.grad_norm;
       m.tokens = step_ * tokens_per_step;
       m.tokens_per_s = interval > 0 ? static_cast<double>((step_ - step_last) * tokens_per_step) / interval : 0;
+      m.flops_per_s_per_rank = m.tokens_per_s / world_ * flops_per_token;
       m.elapsed_s = elapsed;
       m.eta_s = elapsed / static_cast<double>(step_ - first) * static_cast<double>(total - step_);
       log->log(m);
