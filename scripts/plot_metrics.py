@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Plot an mxtrain metrics JSONL (one JSON object per logged step) as one PNG with three panels:
-loss, learning rate and throughput (tokens/s) against step.
+loss, learning rate and throughput (tokens/s) against step. Where validation.jsonl (the held-out loss,
+validation.every_n_steps) lies beside the metrics file, its loss is drawn in the loss panel too.
 
-usage: plot_metrics.py metrics.jsonl -o out.png
+usage: plot_metrics.py metrics.jsonl [--validation validation.jsonl] -o out.png
 
 Needs matplotlib (Debian: apt-get install python3-matplotlib); the shebang is Debian's python3, which
 is where that package installs.
@@ -10,6 +11,7 @@ is where that package installs.
 import argparse
 import json
 import math
+import os
 import sys
 
 
@@ -46,9 +48,12 @@ def main():
     ap = argparse.ArgumentParser(description="Plot loss, learning rate and tokens/s from an mxtrain metrics JSONL.")
     ap.add_argument("metrics", help="metrics JSONL written by mxtrain")
     ap.add_argument("-o", "--output", default="metrics.png", help="PNG to write (default: metrics.png)")
+    ap.add_argument("--validation", help="held-out loss JSONL (default: validation.jsonl beside the metrics, if any)")
     args = ap.parse_args()
 
     rows = read_rows(args.metrics)
+    val_path = args.validation or os.path.join(os.path.dirname(args.metrics) or ".", "validation.jsonl")
+    val_rows = read_rows(val_path) if args.validation or os.path.exists(val_path) else []
     try:
         import matplotlib
     except ImportError:
@@ -66,6 +71,11 @@ def main():
         ax.grid(True, alpha=0.3)
         if not steps:
             ax.text(0.5, 0.5, f"no '{key}' values", transform=ax.transAxes, ha="center", va="center")
+        if key == "loss" and val_rows:
+            vs, vv = series(val_rows, "val_loss")
+            ax.plot(vs, vv, color="tab:red", marker="o", label="held-out")
+            ax.plot([], [], color=color, label="training")
+            ax.legend()
     axes[0].set_title(f"{args.metrics} ({len(rows)} steps logged)")
     axes[1].ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
     axes[-1].set_xlabel("step")
