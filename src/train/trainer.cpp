@@ -268,8 +268,8 @@ StepResult Trainer::train_step() {
   ops_.download(slots.data(), loss_slots_.data, acc * sizeof(float));
   // Over all ranks: summed micro-batch means, aux losses, and per stop signal the ranks that caught it (so that
   // all stop after the same step).
-  const std::array<int, 3> stops = stop_signals();
-  double sums[2 + stops.size()] = {0, aux_sum};
+  const auto stops = stop_signals();
+  double sums[2 + std::tuple_size_v<decltype(stops)>] = {0, aux_sum};
   for (int64_t i = 0; i < acc; ++i) sums[0] += slots[i] / std::max<int64_t>(1, n_valid[i]);
   for (size_t k = 0; k < stops.size(); ++k) sums[2 + k] = stop_signal() == stops[k] ? 1.0 : 0.0;
   groups_->world_host->all_reduce_sum(sums, 2 + static_cast<int64_t>(stops.size()), CommType::F64);
