@@ -5,6 +5,9 @@ For each preset: mxtrain --config-name bench_<preset> (4 optimizer steps of 8 x 
 of 8 x 128 tokens on one GPU), then
 hf_baseline.py --preset <preset> on the same shape and batch. Prints tokens/s, model TFLOP/s (the HF script's
 FLOP formula) and the ratio; writes one JSON line per run to --out.
+mxtrain reads uniform random token ids (dataset.source=random), as the HF script does; --data embedded trains on the
+embedded byte-level corpus instead (the rows in docs/perf.md before session 15), whose skewed tokens unbalance the
+experts' loads.
 
   python3 scripts/bench_trainer.py --mxtrain build/mxtrain --hf-baseline ../shared/bench/hf_baseline.py 8x1B
 """
@@ -35,6 +38,7 @@ def main():
     ap.add_argument("--mxtrain", default="build/mxtrain")
     ap.add_argument("--hf-baseline", default="../shared/bench/hf_baseline.py")
     ap.add_argument("--out", default="/tmp/bench")
+    ap.add_argument("--data", choices=["random", "embedded"], default=os.environ.get("BENCH_DATA", "random"))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows = []
@@ -43,8 +47,8 @@ def main():
         run_dir = os.path.join(a.out, cfg)
         log = os.path.join(a.out, cfg + ".log")
         with open(log, "w") as f:
-            rc = subprocess.run([a.mxtrain, "--config-name", cfg, "backend=cuda", f"output_dir={run_dir}"] + overrides,
-                                stdout=f, stderr=subprocess.STDOUT).returncode
+            rc = subprocess.run([a.mxtrain, "--config-name", cfg, "backend=cuda", f"dataset.source={a.data}",
+                                 f"output_dir={run_dir}"] + overrides, stdout=f, stderr=subprocess.STDOUT).returncode
         ours = None
         if rc == 0:
             steps = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
@@ -60,15 +64,16 @@ def main():
         fpt = flops_per_token(shape, seq)
         row = dict(preset=preset, mxtrain_tokens_per_s=ours, hf_tokens_per_s=theirs,
                    mxtrain_tflops=ours and round(ours * fpt / 1e12, 1), hf_tflops=theirs and round(theirs * fpt / 1e12, 1),
-                   ratio=(ours / theirs) if ours and theirs else None, mxtrain_rc=rc)
+                   ratio=(ours / theirs) if ours and theirs else None, mxtrain_rc=rc, mxtrain_data=a.data)
         rows.append(row)
         print(json.dumps(row), flush=True)
         with open(os.path.join(a.out, "bench.jsonl"), "a") as f:
             f.write(json.dumps(row) + "\n")
-    print("\n| preset | mxtrain tok/s | TFLOP/s | HF tok/s | TFLOP/s | ratio |\n|---|---|---|---|---|---|")
+    print("\n| preset | mxtrain data | mxtrain tok/s | TFLOP/s | HF tok/s | TFLOP/s | ratio |\n"
+          "|---|---|---|---|---|---|---|")
     for r in rows:
         fmt = lambda x, p=0: "-" if x is None else f"{x:,.{p}f}"
-        print(f"| {r['preset']} | {fmt(r['mxtrain_tokens_per_s'])} | {fmt(r['mxtrain_tflops'], 1)} | "
+        print(f"| {r['preset']} | {r['mxtrain_data']} | {fmt(r['mxtrain_tokens_per_s'])} | {fmt(r['mxtrain_tflops'], 1)} | "
               f"{fmt(r['hf_tokens_per_s'])} | {fmt(r['hf_tflops'], 1)} | {fmt(r['ratio'], 2)} |")
 
 

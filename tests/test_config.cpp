@@ -338,7 +338,7 @@ TEST(ConfigChecks, BadValuesNameKeyAndValue) {
       {{"dataset.stride=128"}, "dataset.stride (128) must be >= 0 and smaller than dataset.max_seq_length (128)"},
       {{"dataset.stride=-1"}, "dataset.stride (-1) must be >= 0"},
       {{"dataset.micro_batch_size=0"}, "dataset.micro_batch_size must be positive, got 0"},
-      {{"dataset.source=hdf5"}, "dataset.source must be one of embedded, fasta, fastq, mmidx, tokens, auto; got 'hdf5'"},
+      {{"dataset.source=hdf5"}, "dataset.source must be one of embedded, random, fasta, fastq, mmidx, tokens, auto; got 'hdf5'"},
       {{"dataset.source=fasta"}, "dataset.paths must list at least one file when dataset.source is 'fasta'"},
       {{"dataset.paths=[a.fa]"}, "dataset.paths lists 1 file(s) but dataset.source is 'embedded'"},
       {{"dataset.token_dtype=int8"}, "dataset.token_dtype must be one of uint16, uint32; got 'int8'"},
@@ -379,6 +379,8 @@ TEST(ConfigChecks, BadValuesNameKeyAndValue) {
       {{"checkpoint.save_every_n_steps=-1"}, "checkpoint.save_every_n_steps must be >= 0, got -1"},
       {{"checkpoint.max_checkpoints=-2"}, "checkpoint.max_checkpoints must be >= 0, got -2"},
       {{"logger.frequency=0"}, "logger.frequency must be positive, got 0"},
+      {{"dataset.source=random", "dataset.paths=[a.fa]"},
+       "dataset.paths lists 1 file(s) but dataset.source is 'random', which reads none"},
       {{"validation.every_n_steps=-1"}, "validation.every_n_steps must be >= 0, got -1"},
       {{"validation.num_batches=0"}, "validation.num_batches must be positive, got 0"},
       {{"validation.every_n_steps=5"}, "validation.every_n_steps > 0 needs held-out data, but dataset.source is "

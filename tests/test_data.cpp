@@ -262,6 +262,35 @@ TEST(EmbeddedCorpus, PinnedChecksumAcrossPlatforms) {
   EXPECT_EQ(fnv1a(t), 12612946667111113773ull);
 }
 
+// dataset.source=random: uniform ids in [0, vocab), the same stream on every run, as many tokens as documented.
+TEST(RandomCorpus, UniformInRangeAndRepeatable) {
+  const int64_t vocab = 1000;
+  const auto a = mxt::random_tokens(200000, vocab), b = mxt::random_tokens(200000, vocab);
+  EXPECT_EQ(a, b);
+  std::vector<int64_t> count(10, 0);
+  for (int32_t v : a) {
+    ASSERT_GE(v, 0);
+    ASSERT_LT(v, vocab);
+    ++count[v / 100];
+  }
+  for (int64_t c : count) EXPECT_NEAR(c, 20000, 600);  // 10 buckets of 20,000 expected; sd ~134
+  std::set<int32_t> distinct(a.begin(), a.end());
+  EXPECT_EQ(distinct.size(), static_cast<size_t>(vocab));  // 200 draws per id on average: all occur
+  const auto prefix = mxt::random_tokens(10, vocab);       // a prefix of the longer stream
+  EXPECT_TRUE(std::equal(prefix.begin(), prefix.end(), a.begin()));
+
+  DatasetConfig c;
+  c.max_seq_length = 128;
+  c.source = "random";
+  const mxt::Corpus corpus = mxt::open_corpus(c, 128256);
+  EXPECT_EQ(corpus.num_tokens(), mxt::kRandomCorpusTokens);
+  BatchLoader l(corpus, c, 7, 0, 1);
+  mxt::Batch batch;
+  l.next(batch);
+  EXPECT_TRUE(std::all_of(batch.input_ids.begin(), batch.input_ids.end(), [](int32_t v) { return v < 128256; }));
+  EXPECT_GT(*std::max_element(batch.input_ids.begin(), batch.input_ids.end()), 255);  // not bytes
+}
+
 // ---------------------------------------------------------------- BatchLoader
 
 namespace {

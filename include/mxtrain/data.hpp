@@ -17,12 +17,17 @@ struct DataError : std::runtime_error {
 
 // The corpus compiled into the binary: byte-level tokens (0..255), no download needed, learnable.
 std::vector<int32_t> embedded_corpus_tokens();
+// dataset.source=random: n ids uniform in [0, vocab_size), the same on every run and machine. Throughput
+// benchmarks read it, as shared/bench/hf_baseline.py trains on random ids (nothing to learn: the loss stays
+// near ln(vocab_size)); its routing is as balanced as random inputs make it, unlike text's skewed bytes.
+inline constexpr int64_t kRandomCorpusTokens = int64_t{1} << 24;
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab_size);
 // Plain FASTA: one token per base/residue (its byte value, upper-cased); eos_token_id after each record.
 std::vector<int32_t> read_fasta_tokens(const std::string& path, int64_t eos_token_id);
 // Flat binary token file of little-endian uint16 or uint32.
 std::vector<int32_t> read_token_file(const std::string& path, const std::string& dtype);
 // The tokens a DatasetConfig names (all paths concatenated); checks every token < vocab_size.
-// (The in-memory path of dataset.source=embedded|fasta|tokens; training goes through open_corpus.)
+// (The in-memory path of dataset.source=embedded|random|fasta|tokens; training goes through open_corpus.)
 std::vector<int32_t> load_tokens(const DatasetConfig& cfg, int64_t vocab_size);
 
 // Element types of token files: codes 1..8 are Megatron's indexed-dataset DType codes; U32 is ours

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "mxtrain/data.hpp"
+#include "mxtrain/rng.hpp"
 
 namespace mxt {
 namespace {
@@ -17,12 +18,23 @@ void check_vocab(const std::vector<int32_t>& t, const std::string& origin, int64
 
 }  // namespace
 
+// Uniform ids from a fixed seed (splitmix64's state per position, so the stream is the same on every machine);
+// the modulo's bias is below 2^-46 for any vocabulary that fits an int32.
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab_size) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint64_t state = 0x6d78747261696eull;  // "mxtrain"
+  for (auto& v : t) v = static_cast<int32_t>(splitmix64(state) % static_cast<uint64_t>(vocab_size));
+  return t;
+}
+
 std::vector<int32_t> load_tokens(const DatasetConfig& cfg, int64_t vocab_size) {
   if (vocab_size <= 0) throw DataError("load_tokens: vocab_size must be positive, got " + std::to_string(vocab_size));
   std::vector<int32_t> all;
   if (cfg.source == "embedded") {
     all = embedded_corpus_tokens();
     check_vocab(all, "embedded corpus", vocab_size);
+  } else if (cfg.source == "random") {
+    all = random_tokens(kRandomCorpusTokens, vocab_size);
   } else if (cfg.source == "fasta" || cfg.source == "tokens") {
     if (cfg.paths.empty())
       throw DataError("dataset.source=" + cfg.source + " needs at least one file in dataset.paths");
@@ -33,7 +45,7 @@ std::vector<int32_t> load_tokens(const DatasetConfig& cfg, int64_t vocab_size) {
       all.insert(all.end(), t.begin(), t.end());
     }
   } else {
-    throw DataError("unknown dataset.source '" + cfg.source + "' (expected embedded, fasta or tokens)");
+    throw DataError("unknown dataset.source '" + cfg.source + "' (expected embedded, random, fasta or tokens)");
   }
   // Labels shift inside a window (HF), so one full window is the least that makes a training row.
   if (static_cast<int64_t>(all.size()) < cfg.max_seq_length)
