@@ -170,27 +170,20 @@ TEST(FormatDuration, Shapes) {
 // The HF baseline's FLOP formula (shared/bench/hf_baseline.py flops_per_token), whose values for its presets at
 // their sequence lengths were computed by that Python function: the TFLOP/s mxtrain logs compare with its.
 TEST(ModelFlops, EqualsTheHfBaselinesFormula) {
-  mxt::ModelConfig m;  // Mixtral-8x7B, seq 4096
-  m.vocab_size = 128256;
-  m.hidden_size = 4096;
-  m.intermediate_size = 14336;
-  m.num_hidden_layers = 32;
-  m.num_attention_heads = 32;
-  m.num_key_value_heads = 8;
-  m.num_local_experts = 8;
-  m.num_experts_per_tok = 2;
-  EXPECT_EQ(mxt::model_flops_per_token(m, 4096), 82078334976.0);
-  m.hidden_size = 2048;  // 8x1B
-  m.intermediate_size = 4096;
-  m.num_hidden_layers = 16;
-  m.num_attention_heads = 16;
-  EXPECT_EQ(mxt::model_flops_per_token(m, 4096), 8422686720.0);
-  m.hidden_size = 256;  // L0_sanity, seq 128
-  m.intermediate_size = 512;
-  m.num_hidden_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.num_local_experts = 4;
-  EXPECT_EQ(mxt::model_flops_per_token(m, 128), 209203200.0);
+  auto shape = [](int64_t d, int64_t f, int64_t layers, int64_t heads, int64_t kv, int64_t experts) {
+    mxt::ModelConfig m;
+    m.vocab_size = 128256;
+    m.hidden_size = d;
+    m.intermediate_size = f;
+    m.num_hidden_layers = layers;
+    m.num_attention_heads = heads;
+    m.num_key_value_heads = kv;
+    m.num_local_experts = experts;
+    m.num_experts_per_tok = 2;
+    return m;
+  };
+  EXPECT_EQ(mxt::model_flops_per_token(shape(4096, 14336, 32, 32, 8, 8), 4096), 82078334976.0);  // 8x7B
+  EXPECT_EQ(mxt::model_flops_per_token(shape(2048, 4096, 16, 16, 8, 8), 4096), 8422686720.0);    // 8x1B
+  EXPECT_EQ(mxt::model_flops_per_token(shape(256, 512, 2, 4, 2, 4), 128), 209203200.0);          // L0_sanity
   EXPECT_EQ(mxt::model_flops_per_token(mxt::ModelConfig{}, 128), 0.0);  // no heads: no model
 }
