@@ -37,6 +37,10 @@ std::string checkpoint_plan(const mxt::TrainConfig& cfg, bool dry_run) {
                               static_cast<double>(bytes) / 1e9,
                               c.ckpt_dir.empty() ? "; checkpoint.ckpt_dir is not set: no saves" : "");
   if (c.ckpt_dir.empty()) return s;
+  if (!dry_run) {
+    const std::string bad_dir = mxt::checkpoint_dir_problem(c.ckpt_dir);
+    if (!bad_dir.empty()) throw mxt::ConfigError(bad_dir);
+  }
   const int64_t existing = static_cast<int64_t>(mxt::find_checkpoints(c.ckpt_dir).size());
   const int64_t saves = c.save_every_n_steps > 0 ? cfg.num_train_steps / c.save_every_n_steps : 0;
   const mxt::CheckpointSpace space = mxt::check_checkpoint_space(c, bytes, existing, std::max<int64_t>(1, saves));

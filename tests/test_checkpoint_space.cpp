@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "cpu/cpu_ops.hpp"
 #include "mxtrain/checkpoint.hpp"
@@ -74,6 +75,21 @@ TEST(CheckpointSpace, AsksTheFilesystemOfTheNearestExistingParent) {
   const CheckpointSpace s = check_checkpoint_space(c, int64_t(1) << 60, 0, 1);
   EXPECT_NE(s.error.find("GB free"), std::string::npos) << s.error;
   EXPECT_TRUE(check_checkpoint_space(c, 1024, 0, 1).error.empty());
+}
+
+TEST(CheckpointSpace, DirectoryThatCannotBeMadeOrWrittenIsNamed) {
+  const fs::path root = fs::temp_directory_path() / "mxtrain_test_ckpt_dir";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  std::ofstream(root / "a_file") << "x";
+  const std::string under_file = (root / "a_file" / "ckpt").string();
+  const std::string err = checkpoint_dir_problem(under_file);
+  EXPECT_NE(err.find("checkpoint.ckpt_dir=" + under_file + ": cannot create it"), std::string::npos) << err;
+  const std::string fine = (root / "new" / "ckpt").string();
+  EXPECT_EQ(checkpoint_dir_problem(fine), "");
+  EXPECT_TRUE(fs::is_directory(fine));
+  EXPECT_TRUE(fs::is_empty(fine));  // the probe file is gone
+  fs::remove_all(root);
 }
 
 }  // namespace
