@@ -17,6 +17,7 @@
 #include "mxtrain/device_info.hpp"
 #include "mxtrain/stop_signal.hpp"
 #include "mxtrain/trainer.hpp"
+#include "mxtrain/writable_dir.hpp"
 
 namespace {
 
@@ -38,7 +39,7 @@ std::string checkpoint_plan(const mxt::TrainConfig& cfg, bool dry_run) {
                               c.ckpt_dir.empty() ? "; checkpoint.ckpt_dir is not set: no saves" : "");
   if (c.ckpt_dir.empty()) return s;
   if (!dry_run) {
-    const std::string bad_dir = mxt::checkpoint_dir_problem(c.ckpt_dir);
+    const std::string bad_dir = mxt::writable_dir_problem("checkpoint.ckpt_dir", c.ckpt_dir);
     if (!bad_dir.empty()) throw mxt::ConfigError(bad_dir);
   }
   const int64_t existing = static_cast<int64_t>(mxt::find_checkpoints(c.ckpt_dir).size());
@@ -96,7 +97,11 @@ int run(const mxt::CliOptions& opt, int rank, int world) {
   const size_t free_bytes = ops->device_free_bytes() / (ops->device() == mxt::Device::CUDA ? 1 : node.local_size);
   const std::string no_fit = mxt::plan_fit_problem(cfg, plan, free_bytes);
   if (!no_fit.empty()) throw mxt::ConfigError("rank " + std::to_string(rank) + ": " + no_fit);
-  if (rank == 0) std::fputs(checkpoint_plan(cfg, false).c_str(), stdout);  // throws when a save cannot fit
+  if (rank == 0) {
+    const std::string bad_out = mxt::writable_dir_problem("output_dir", cfg.output_dir);  // metrics go there
+    if (!bad_out.empty()) throw mxt::ConfigError(bad_out);
+    std::fputs(checkpoint_plan(cfg, false).c_str(), stdout);  // throws when a save cannot fit
+  }
   mxt::Corpus tokens = mxt::open_corpus(cfg.dataset, cfg.model.vocab_size);
   if (rank == 0)
     spdlog::info("dataset ({}{}): {} tokens in {} documents\n{}", cfg.dataset.source,

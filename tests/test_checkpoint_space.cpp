@@ -1,5 +1,6 @@
-// Checkpoint disk space: checkpoint_bytes against the bytes a save really writes, and the start-up check that
-// stops a run whose first save cannot fit and warns when a later one may not.
+// Checkpoint disk space: checkpoint_bytes against the bytes a save really writes, and the start-up checks that
+// stop a run whose first save cannot fit (or whose directories cannot be written) and warn when a later one may
+// not fit.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include "mxtrain/checkpoint.hpp"
 #include "mxtrain/data.hpp"
 #include "mxtrain/trainer.hpp"
+#include "mxtrain/writable_dir.hpp"
 #include "tiny_config.hpp"
 
 namespace mxt {
@@ -77,16 +79,16 @@ TEST(CheckpointSpace, AsksTheFilesystemOfTheNearestExistingParent) {
   EXPECT_TRUE(check_checkpoint_space(c, 1024, 0, 1).error.empty());
 }
 
-TEST(CheckpointSpace, DirectoryThatCannotBeMadeOrWrittenIsNamed) {
+TEST(WritableDir, DirectoryThatCannotBeMadeOrWrittenIsNamed) {
   const fs::path root = fs::temp_directory_path() / "mxtrain_test_ckpt_dir";
   fs::remove_all(root);
   fs::create_directories(root);
   std::ofstream(root / "a_file") << "x";
   const std::string under_file = (root / "a_file" / "ckpt").string();
-  const std::string err = checkpoint_dir_problem(under_file);
+  const std::string err = writable_dir_problem("checkpoint.ckpt_dir", under_file);
   EXPECT_NE(err.find("checkpoint.ckpt_dir=" + under_file + ": cannot create it"), std::string::npos) << err;
   const std::string fine = (root / "new" / "ckpt").string();
-  EXPECT_EQ(checkpoint_dir_problem(fine), "");
+  EXPECT_EQ(writable_dir_problem("output_dir", fine), "");
   EXPECT_TRUE(fs::is_directory(fine));
   EXPECT_TRUE(fs::is_empty(fine));  // the probe file is gone
   fs::remove_all(root);

@@ -139,11 +139,6 @@ struct CheckpointSpace {
 CheckpointSpace check_checkpoint_space(const CheckpointConfig& c, int64_t bytes, int64_t existing,
                                        int64_t saves_left, int64_t free_bytes = -1);
 
-// "" when ckpt_dir can be created and written (it is created, and a probe file written and removed); else the
-// problem, naming checkpoint.ckpt_dir and the system's reason. Run at start, so a bad directory stops the run in
-// seconds instead of at its first save.
-std::string checkpoint_dir_problem(const std::string& ckpt_dir);
-
 // ---- the pieces, for tests and tools ----------------------------------------------------------------------
 
 // Save s into ckpt_dir/step_<s.step> synchronously (every rank calls it); returns the checkpoint directory.

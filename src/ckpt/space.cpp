@@ -3,9 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
 
 #include "mxtrain/checkpoint.hpp"
@@ -64,21 +61,6 @@ CheckpointSpace check_checkpoint_space(const CheckpointConfig& c, int64_t bytes,
         c.ckpt_dir, gb(free_bytes), free_bytes / bytes, gb(bytes), more,
         existing ? fmt::format("{} already there, ", existing) : "", c.max_checkpoints);
   return out;
-}
-
-std::string checkpoint_dir_problem(const std::string& ckpt_dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(ckpt_dir, ec);
-  if (ec) return fmt::format("checkpoint.ckpt_dir={}: cannot create it: {}", ckpt_dir, ec.message());
-  const fs::path probe = fs::path(ckpt_dir) / ".mxtrain_write_probe";
-  FILE* f = std::fopen(probe.c_str(), "wb");
-  const bool ok = f != nullptr && std::fputc('x', f) != EOF;
-  const int err = errno;
-  if (f) std::fclose(f);
-  fs::remove(probe, ec);
-  if (!ok) return fmt::format("checkpoint.ckpt_dir={}: cannot write in it: {}", ckpt_dir, std::strerror(err));
-  return "";
 }
 
 }  // namespace mxt
