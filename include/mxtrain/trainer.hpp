@@ -90,8 +90,7 @@ class Trainer {
   void refresh_working_weights();  // master -> working copy after the optimizer step
   void stop_early(int sig, int stop_ranks);  // a rank caught a stop signal: save, then run() returns
   void log_device_memory();        // peak allocated by the backend against the plan
-  void load_micro_batch(int64_t index_in_step);  // next batch from the loader -> mb_; returns via n_valid_
-  void load_batch(BatchLoader& from);            // next batch of `from` -> mb_; returns via n_valid_
+  void load_batch(BatchLoader& from);  // next batch of `from` (training or validation) -> mb_; n_valid_
   void start_grad_reduce(int part);  // parallelism.overlap_grad_reduce: one part's gradient ranges (trainer.cpp)
   std::vector<std::array<int64_t, 4>> grad_parts_;  // start_grad_reduce's ranges, built on first use
   // cuda_graphs: micro-batch i's forward + backward, captured on the second step (the first allocates the ops'
@@ -122,7 +121,7 @@ class Trainer {
   Batch batch_;
   int64_t n_valid_ = 0;  // labelled tokens in the current micro-batch
   std::unique_ptr<BatchLoader> val_loader_;  // set_validation_data; null: no evaluation
-  Tensor val_loss_;  // [1] F32: summed token cross-entropy of an evaluation
+  Tensor val_loss_;  // [1] F32 (in state_): summed token cross-entropy of an evaluation
   int64_t step_ = 0;
   bool stopped_early_ = false;
   std::unique_ptr<Checkpointer> ckpt_;  // null without checkpoint.ckpt_dir; last: joins its save thread first

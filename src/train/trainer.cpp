@@ -74,6 +74,7 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   state_.add(mb_.pos, "batch.pos", DType::I32, {T});
   if (cfg.dataset.sequence_packing) state_.add(mb_.doc_ids, "batch.doc_ids", DType::I32, {T});
   state_.add(loss_slots_, "loss_slots", F, {cfg.grad_acc_steps});
+  state_.add(val_loss_, "val_loss", F, {1});
   state_.add(norm_acc_, "grad_norm_sq", F, {1});
   state_.finalize(ops_);
   if (ops.act_dtype() == F) {
@@ -195,8 +196,6 @@ void Trainer::refresh_working_weights() {
   if (model_) model_->invalidate_fp8_weights();  // MXFP8 copies are re-quantised by the next forward
 }
 
-void Trainer::load_micro_batch(int64_t) { load_batch(loader_); }
-
 void Trainer::load_batch(BatchLoader& from) {
   from.next(batch_);
   const size_t bytes = batch_.input_ids.size() * sizeof(int32_t);
@@ -250,7 +249,7 @@ StepResult Trainer::train_step() {
   // The step is one rank's view of acc x world micro-batches: micro-batch i of rank r is number i*world + r.
   const int64_t micro_total = acc * world_;
   for (int64_t i = 0; i < acc; ++i) {
-    load_micro_batch(i);
+    load_batch(loader_);
     n_valid[i] = n_valid_;
     // Each micro-batch's loss is a mean over its own tokens, and the step averages all ranks' micro-batches
     // (HF + recipe); the gradient reduction then sums over ranks.
@@ -337,14 +336,14 @@ std::vector<double> Trainer::run() {
   if (rank_ == 0) {
     const std::string path =
         cfg_.logger.metrics_file.empty() ? cfg_.output_dir + "/metrics.jsonl" : cfg_.logger.metrics_file;
-    if (resumed) truncate_metrics_after(path, step_);  // then append: one line per step across restarts
-    log = std::make_unique<MetricsLog>(path, resumed);
-    if (val_loader_ && cfg_.validation.every_n_steps > 0) {
-      const std::string vpath = cfg_.validation.metrics_file.empty() ? cfg_.output_dir + "/validation.jsonl"
-                                                                     : cfg_.validation.metrics_file;
-      if (resumed) truncate_metrics_after(vpath, step_);
-      val_log = std::make_unique<MetricsLog>(vpath, resumed);
-    }
+    auto open_log = [&](const std::string& p) {
+      if (resumed) truncate_metrics_after(p, step_);  // then append: one line per step across restarts
+      return std::make_unique<MetricsLog>(p, resumed);
+    };
+    log = open_log(path);
+    if (val_loader_ && cfg_.validation.every_n_steps > 0)
+      val_log = open_log(cfg_.validation.metrics_file.empty() ? cfg_.output_dir + "/validation.jsonl"
+                                                              : cfg_.validation.metrics_file);
     spdlog::info("training {} steps on {} | {} tokens per step | metrics -> {}", total, ops_.name(),
                  tokens_per_step, path);
   }
@@ -419,7 +418,6 @@ void Trainer::set_validation_data(Corpus corpus) {
   if (rank_ == 0 && want > val_loader_->windows_per_epoch())
     spdlog::warn("validation.num_batches={} reads {} rows per rank, but validation.paths holds {} per rank: some are "
                  "evaluated more than once", cfg_.validation.num_batches, want, val_loader_->windows_per_epoch());
-  if (!val_loss_.data) val_loss_ = Tensor(ops_.alloc(sizeof(float)), DType::F32, {1}, ops_.device());
 }
 
 ValidationResult Trainer::evaluate() {
@@ -510,7 +508,7 @@ void Trainer::dump_first_batch(const std::string& dir) {
   ops_.zero(dense_.grad);
   ops_.zero(expert_.grad);
   ops_.zero(loss_slots_);
-  load_micro_batch(0);
+  load_batch(loader_);
   const float ce_scale = 1.f / static_cast<float>(std::max<int64_t>(1, n_valid_));
   const double aux = model_->forward_backward(mb_, ce_scale, 1.f, loss_slots_.rows(0, 1), true, cfg_.seed);
   float loss_sum = 0;
