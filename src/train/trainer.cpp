@@ -145,7 +145,9 @@ double Trainer::forward_backward_graphed(int64_t i, float ce_scale, float aux_sc
   const Tensor slot = loss_slots_.rows(i, 1);
   if (!graphs_on_) return model_->forward_backward(mb_, ce_scale, aux_scale, slot, true, jitter_seed);
   MicroGraph& g = graphs_[static_cast<size_t>(i)];
-  if (g.exec && g.ce_scale != ce_scale) {  // the scale is a kernel argument inside the graph
+  // The scale is a kernel argument inside the graph, and a graph captured while the MXFP8 weight copies were fresh
+  // (after an evaluation's forward quantised them) holds no quantisation for the steps that need one.
+  if (g.exec && (g.ce_scale != ce_scale || g.quantizes != model_->fp8_weights_stale())) {
     ops_.graph_destroy(g.exec);
     g.exec = nullptr;
   }
@@ -440,6 +442,7 @@ ValidationResult Trainer::evaluate() {
     ops_.graph_destroy(g.exec);
     g.exec = nullptr;
   }
+  model_->invalidate_fp8_weights();  // so the first micro-batch's new graph holds the quantisation again
   double sums[2] = {sum, static_cast<double>(tokens)};
   groups_->world_host->all_reduce_sum(sums, 2, CommType::F64);
   ValidationResult r;
