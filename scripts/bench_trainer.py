@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """mxtrain's trainer beside the HF transformers baseline, in one call on one GPU.
 
-For each preset: mxtrain --config-name bench_<preset> (4 optimizer steps of 8 x 4096 tokens; L0_sanity: 30 steps
+For each preset: mxtrain --config-name bench_<preset> (6 optimizer steps of 8 x 4096 tokens; L0_sanity: 30 steps
 of 8 x 128 tokens on one GPU), then
-hf_baseline.py --preset <preset> on the same shape and batch. Prints tokens/s, model TFLOP/s (the HF script's
+hf_baseline.py --preset <preset> on the same shape and batch. Both are timed the same way: the HF script runs 2
+warm-up steps and divides the tokens of the next ones by their time; mxtrain's figure is the tokens of its steps after
+the first 2 over the sum of those steps' times (until session 16: the median of steps 2-4 of 4, which counted the
+slower second step). Prints tokens/s, model TFLOP/s (the HF script's
 FLOP formula) and the ratio; writes one JSON line per run to --out.
 mxtrain reads uniform random token ids (dataset.source=random), as the HF script does; --data embedded trains on the
 embedded byte-level corpus instead (the rows in docs/perf.md before session 15), whose skewed tokens unbalance the
@@ -11,7 +14,7 @@ experts' loads.
 
   python3 scripts/bench_trainer.py --mxtrain build/mxtrain --hf-baseline ../shared/bench/hf_baseline.py 8x1B
 """
-import argparse, json, os, statistics, subprocess, sys
+import argparse, json, os, subprocess, sys
 
 SHAPES = {  # preset: (our config name and overrides, HF shape numbers for the FLOP formula, seq, HF steps)
     "8x1B": ("bench_8x1B", [], dict(d=2048, f=4096, L=16, H=16, KVH=8, E=8, k=2, V=128256), 4096, 4),
@@ -21,6 +24,9 @@ SHAPES = {  # preset: (our config name and overrides, HF shape numbers for the F
                                 "lr_scheduler_kwargs.num_decay_steps=20", "logger.frequency=1"],
                   dict(d=256, f=512, L=2, H=4, KVH=2, E=4, k=2, V=128256), 128, 20),
 }
+
+
+WARMUP_STEPS = 2  # hf_baseline.py's default --warmup
 
 
 def flops_per_token(s, S):
@@ -52,11 +58,12 @@ def main():
         ours = None
         if rc == 0:
             steps = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
-            ours = statistics.median(s["tokens_per_s"] for s in steps[1:])  # the first step warms up
+            w = steps[WARMUP_STEPS - 1]  # logger.frequency 1: one line per step, tokens and elapsed_s cumulative
+            ours = (steps[-1]["tokens"] - w["tokens"]) / (steps[-1]["elapsed_s"] - w["elapsed_s"])
         else:
             sys.stderr.write(open(log).read()[-2000:])
         hf = subprocess.run([sys.executable, a.hf_baseline, "--preset", preset, "--seq", str(seq), "--mbs", "1",
-                             "--acc", "8", "--steps", str(hf_steps)], capture_output=True, text=True)
+                             "--acc", "8", "--steps", str(hf_steps), "--warmup", str(WARMUP_STEPS)], capture_output=True, text=True)
         hf_line = [l for l in hf.stdout.splitlines() if l.startswith("{")]
         theirs = json.loads(hf_line[-1])["tokens_per_s"] if hf_line else None
         if not hf_line:
