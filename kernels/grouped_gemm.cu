@@ -353,4 +353,28 @@ void CudaOps::grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor
   cuda::check_launch(op);
 }
 
+// One Hopper launch over both row sets where the sm90 kernel applies; else (and for an empty set) the two calls.
+void CudaOps::grouped_gemm_wgrad2(const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& dy2,
+                                  const Tensor& x2, const Tensor& offsets2, const Tensor& dW) {
+  const char* op = "grouped_gemm_wgrad2";
+  const int64_t R = dy.ndim ? dy.shape[0] : 0, R2 = dy2.ndim ? dy2.shape[0] : 0;
+  const Groups g = check_groups(dW, offsets, op, "dW");
+  const Groups g2 = check_groups(dW, offsets2, op, "dW");
+  check_limits(op, R, g.E);
+  check_limits(op, R2, g2.E);
+  expect_rows(dy, R, g.out, op, "dy");
+  expect_rows(x, R, g.in, op, "x");
+  expect_rows(dy2, R2, g.out, op, "dy2");
+  expect_rows(x2, R2, g.in, op, "x2");
+  if (R > 0 && R2 > 0 && g.E > 0 && g.out > 0 && g.in > 0) {
+    const sm90::WgradRows2 second{cuda::bf16p(dy2, op, "dy2"), cuda::bf16p(x2, op, "x2"),
+                                  cuda::i32(offsets2, op, "offsets2"), R2};
+    if (sm90::try_grouped_wgrad(cuda::bf16p(dy, op, "dy"), cuda::bf16p(x, op, "x"), cuda::i32(offsets, op, "offsets"),
+                                g.E, R, g.out, g.in, cuda::f32(dW, op, "dW"), ctx(), &second))
+      return;
+  }
+  grouped_gemm_wgrad(dy, x, offsets, dW);
+  grouped_gemm_wgrad(dy2, x2, offsets2, dW);
+}
+
 }  // namespace mxt

@@ -4,6 +4,8 @@
 //   dgrad    dx[r,:] = dy[r,:] @ W[e]      A = dy [R,K] K-major,   B = W[e] [K,N] N-major   -> dx bf16
 //   wgrad    dW[e]  += dy_e^T @ x_e        A = dy_e^T: [M=out, k=rows] M-major, B = x_e [k, N] N-major
 //                                          -> dW f32 += (deterministic: one CTA per output tile)
+//            optionally over two row sets (dy, x, offsets) and (dy2, x2, offsets2), e.g. two micro-batches: each
+//            output tile contracts expert e's rows of both before its one read-add-write of dW[e]
 // (contract and offsets semantics: ops.hpp; the wmma kernels in grouped_gemm.cu are the fallback and reference.)
 //
 // CTA: 3 warpgroups. Warpgroup 0 is the producer: one thread issues the TMA loads of each k-block (BK = 64)
@@ -86,6 +88,7 @@ struct Cfg {
 
 struct Sched {
   int32_t lo[kMaxExperts], hi[kMaxExperts], mtiles[kMaxExperts];
+  int32_t lo2[kMaxExperts], hi2[kMaxExperts];  // wgrad: expert rows of the second row set (empty without one)
   int32_t cum[kMaxExperts + 1];  // exclusive prefix of the experts' work items
 };
 
@@ -99,7 +102,8 @@ static_assert(Cfg<256>::kOffEpi % 1024 == 0 && Cfg<128>::kOffEpi % 1024 == 0, "e
 
 struct Params {
   const int32_t* offsets;
-  int32_t E, R;
+  const int32_t* offsets2;  // wgrad: the second row set's offsets (into dy2 / x2, R2 rows), or null
+  int32_t E, R, R2;
   int32_t N;        // output columns (fwd: out, dgrad: in, wgrad: in)
   int32_t K;        // fwd / dgrad: contraction length; wgrad: M (= out, rows of dW[e])
   int32_t n_units;  // n-tiles per scheduling unit row: ceil(ceil(N / BN) / cluster size)
@@ -136,7 +140,19 @@ struct Item {
   int32_t m0;            // wgrad: first dW row
   int32_t n0;            // first output column
   int32_t nk;            // k-blocks
+  int32_t nk1;           // wgrad: k-blocks over the first row set; then rows [row0b, row_hib) of the second
+  int32_t row0b, row_hib;
 };
+
+// Wgrad: the rows of k-block kb, from the first row set (then `second` is false) or the second.
+struct KRows {
+  int32_t r0;
+  bool second;
+};
+__device__ __forceinline__ KRows k_rows(const Item& it, int kb) {
+  if (kb < it.nk1) return {it.row0 + kb * BK, false};
+  return {it.row0b + (kb - it.nk1) * BK, true};
+}
 
 // kCl CTAs (cluster ranks) share a unit: rank r takes n-tile unit * kCl + r.
 template <Mode kMode, int BN, int kCl>
@@ -152,7 +168,10 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
     it.n0 = (nu * kCl + rank) * BN;
     it.row0 = sc.lo[e];
     it.row_hi = sc.hi[e];
-    it.nk = (it.row_hi - it.row0 + BK - 1) / BK;
+    it.nk1 = (it.row_hi - it.row0 + BK - 1) / BK;
+    it.row0b = sc.lo2[e];
+    it.row_hib = sc.hi2[e];
+    it.nk = it.nk1 + (it.row_hib - it.row0b + BK - 1) / BK;
   } else {
     const int mte = sc.mtiles[e];
     it.row0 = sc.lo[e] + (local % mte) * BM;
@@ -160,17 +179,23 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
     it.n0 = ((local / mte) * kCl + rank) * BN;
     it.m0 = 0;
     it.nk = (p.K + BK - 1) / BK;
+    it.nk1 = it.nk;
+    it.row0b = it.row_hib = 0;
   }
   return it;
 }
 
 template <Mode kMode, int BN, int kCl>
-__device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap* mB, const Sched& sc,
-                                        const Params& p, uint32_t smem, uint64_t* full, uint64_t* empty,
-                                        int rank, int unit0, int units_stride) {
+__device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap* mB, const CUtensorMap* mA2,
+                                        const CUtensorMap* mB2, const Sched& sc, const Params& p, uint32_t smem,
+                                        uint64_t* full, uint64_t* empty, int rank, int unit0, int units_stride) {
   using C = Cfg<BN>;
   tma_prefetch_desc(mA);
   tma_prefetch_desc(mB);
+  if (kMode == Mode::kWgrad && p.offsets2 != nullptr) {
+    tma_prefetch_desc(mA2);
+    tma_prefetch_desc(mB2);
+  }
   const int total = sc.cum[p.E];
   int s = 0, e = 0;
   uint32_t phase = 0;
@@ -195,15 +220,18 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
         for (int c = 0; c < BN / 64; ++c)            // W[e] k-rows [k0, k0 + 64), columns n0 + 64c ...
           tma_load_3d(b + c * kChunk, mB, bar, it.n0 + 64 * c, k0, it.e);
       } else {
-        const int32_t r0 = it.row0 + k0;             // expert rows [r0, r0 + 64)
+        const KRows kr = k_rows(it, kb);             // expert rows [r0, r0 + 64) of one row set
+        const int32_t r0 = kr.r0;
+        const CUtensorMap* ma = kr.second ? mA2 : mA;
+        const CUtensorMap* mb = kr.second ? mB2 : mB;
         if constexpr (kCl > 1) {
-          tma_load_2d_multicast(a + rank * kChunk, mA, bar, it.m0 + 64 * rank, r0, 0x3);
+          tma_load_2d_multicast(a + rank * kChunk, ma, bar, it.m0 + 64 * rank, r0, 0x3);
         } else {
 #pragma unroll
-          for (int c = 0; c < BM / 64; ++c) tma_load_2d(a + c * kChunk, mA, bar, it.m0 + 64 * c, r0);
+          for (int c = 0; c < BM / 64; ++c) tma_load_2d(a + c * kChunk, ma, bar, it.m0 + 64 * c, r0);
         }
 #pragma unroll
-        for (int c = 0; c < BN / 64; ++c) tma_load_2d(b + c * kChunk, mB, bar, it.n0 + 64 * c, r0);
+        for (int c = 0; c < BN / 64; ++c) tma_load_2d(b + c * kChunk, mb, bar, it.n0 + 64 * c, r0);
       }
       if constexpr (kMode == Mode::kWgrad) {
         // A few k-blocks before the mainloop ends, pull this item's dW tile into L2 so the epilogue's
@@ -291,10 +319,13 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const Sched& sc, 
 #pragma unroll
     for (int i = 0; i < C::kAcc; ++i) acc[i] = 0.f;
     int prev = 0;
+    // Wgrad: each row set's last k-block may hold fewer than BK of the expert's rows (the rest are zeroed).
+    const int last1 = it.nk1 - 1, valid1 = it.row_hi - it.row0 - last1 * BK;
+    const int valid2 = it.row_hib - it.row0b - (it.nk - 1 - it.nk1) * BK;
     for (int kb = 0; kb < it.nk; ++kb) {
       mbar_wait(&full[s], phase);
       if constexpr (kMode == Mode::kWgrad) {
-        const int valid = it.row_hi - (it.row0 + kb * BK);
+        const int valid = kb == last1 ? valid1 : kb == it.nk - 1 ? valid2 : BK;
         if (valid < BK && p.fault != 2) zero_tail_rows<BN>(smem_ptr, s, valid, ct);
       }
       // This warpgroup's 64 rows of A: rows 64cw.. of the K-major box, or the cw-th 64-wide M chunk.
@@ -407,7 +438,8 @@ __device__ __forceinline__ void zero_padding(const Params& p, int32_t used, int 
 template <Mode kMode, int BN, int kCl>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_sm90_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-                        const __grid_constant__ CUtensorMap tmC, const Params p) {
+                        const __grid_constant__ CUtensorMap tmC, const __grid_constant__ CUtensorMap tmA2,
+                        const __grid_constant__ CUtensorMap tmB2, const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Cfg<BN>;
   extern __shared__ uint8_t smem_raw[];
@@ -427,10 +459,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     int32_t hi = clamp_to(p.offsets[e + 1], p.R);
     if (hi < lo) hi = lo;
     const int32_t mt = (hi - lo + BM - 1) / BM;
+    int32_t lo2 = 0, hi2 = 0;
+    if (kMode == Mode::kWgrad && p.offsets2 != nullptr) {
+      lo2 = clamp_to(p.offsets2[e], p.R2);
+      hi2 = clamp_to(p.offsets2[e + 1], p.R2);
+      if (hi2 < lo2) hi2 = lo2;
+    }
     sc.lo[e] = lo;
     sc.hi[e] = hi;
+    sc.lo2[e] = lo2;
+    sc.hi2[e] = hi2;
     sc.mtiles[e] = mt;
-    sc.cum[e + 1] = kMode == Mode::kWgrad ? (hi > lo ? p.m_tiles * p.n_units : 0) : mt * p.n_units;
+    sc.cum[e + 1] = kMode == Mode::kWgrad ? (hi > lo || hi2 > lo2 ? p.m_tiles * p.n_units : 0) : mt * p.n_units;
   }
   if (tid == 0) {
     for (int i = 0; i < C::kStages; ++i) {
@@ -450,7 +490,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp < 4) {  // producer warpgroup
     setmaxnreg_dec<kProducerRegs>();
     if (warp == 0) {
-      if (lane == 0) produce<kMode, BN, kCl>(&tmA, &tmB, sc, p, smem, full, empty, rank, unit0, units_stride);
+      if (lane == 0)
+        produce<kMode, BN, kCl>(&tmA, &tmB, &tmA2, &tmB2, sc, p, smem, full, empty, rank, unit0, units_stride);
     } else if constexpr (kMode != Mode::kWgrad) {
       zero_padding(p, clamp_to(p.offsets[p.E], p.R), tid - 32, 96);
     }
@@ -582,8 +623,8 @@ bool shapes_ok(int64_t E, int64_t R, int64_t out, int64_t in) {
 
 // Launches kernel<kMode, BN, kCl> persistently: at most one cluster per co-resident slot, at most one per unit.
 template <Mode kMode, int BN, int kCl>
-void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& c, const Params& p,
-            int64_t max_units, CudaContext& ctx) {
+void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& c, const CUtensorMap& a2,
+            const CUtensorMap& b2, const Params& p, int64_t max_units, CudaContext& ctx) {
   auto kernel = grouped_sm90_kernel<kMode, BN, kCl>;
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr[1];
@@ -614,16 +655,19 @@ void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CU
   // Clusters scale down with the SMs left to a concurrent collective.
   const int64_t n = std::max<int64_t>(1, slots.load() * ctx.gemm_sms() / ctx.num_sms);
   cfg.gridDim = dim3(static_cast<unsigned>(kCl * (max_units < 1 ? 1 : (max_units < n ? max_units : n))));
-  cuda::check(cudaLaunchKernelEx(&cfg, kernel, a, b, c, p), op, "kernel launch");
+  cuda::check(cudaLaunchKernelEx(&cfg, kernel, a, b, c, a2, b2, p), op, "kernel launch");
 }
 
 template <Mode kMode>
 void launch_cfg(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& c, const Params& p,
-                int64_t max_units, CudaContext& ctx, int bn, int cl) {
-  if (bn == 128 && cl == 1) launch<kMode, 128, 1>(op, a, b, c, p, max_units, ctx);
-  else if (bn == 128) launch<kMode, 128, 2>(op, a, b, c, p, max_units, ctx);
-  else if (cl == 1) launch<kMode, 256, 1>(op, a, b, c, p, max_units, ctx);
-  else launch<kMode, 256, 2>(op, a, b, c, p, max_units, ctx);
+                int64_t max_units, CudaContext& ctx, int bn, int cl, const CUtensorMap* a2 = nullptr,
+                const CUtensorMap* b2 = nullptr) {
+  const CUtensorMap& sa = a2 ? *a2 : a;  // the second row set's maps (wgrad over two; else unused copies)
+  const CUtensorMap& sb = b2 ? *b2 : b;
+  if (bn == 128 && cl == 1) launch<kMode, 128, 1>(op, a, b, c, sa, sb, p, max_units, ctx);
+  else if (bn == 128) launch<kMode, 128, 2>(op, a, b, c, sa, sb, p, max_units, ctx);
+  else if (cl == 1) launch<kMode, 256, 1>(op, a, b, c, sa, sb, p, max_units, ctx);
+  else launch<kMode, 256, 2>(op, a, b, c, sa, sb, p, max_units, ctx);
 }
 
 // Forward and dgrad share everything but B's layout: out [R, N] from in [R, K].
@@ -702,10 +746,12 @@ bool try_grouped_dgrad(const bf16* dy, const bf16* W, const int32_t* off, int64_
 }
 
 bool try_grouped_wgrad(const bf16* dy, const bf16* x, const int32_t* off, int64_t E, int64_t R, int64_t out,
-                       int64_t in, float* dW, CudaContext& ctx) {
+                       int64_t in, float* dW, CudaContext& ctx, const WgradRows2* second) {
   const char* op = "grouped_gemm_wgrad";
   if (!wants_sm90() || !shapes_ok(E, R, out, in) || !device_ok(ctx.device)) return false;
   if (!aligned(dy, 16) || !aligned(x, 16) || !aligned(dW, 16)) return false;  // TMA bases
+  if (second && (second->R < 1 || second->R > INT32_MAX || !aligned(second->dy, 16) || !aligned(second->x, 16)))
+    return false;
   const int bn = tile_n(), cl = cluster_size();
   const int64_t M = out, N = in;
   const int64_t m_tiles = (M + BM - 1) / BM, n_units = ((N + bn - 1) / bn + cl - 1) / cl;
@@ -714,13 +760,16 @@ bool try_grouped_wgrad(const bf16* dy, const bf16* x, const int32_t* off, int64_
 
   // dy [R, M] and x [R, N], both read as 64 (M or N) x 64 (rows) boxes: M/N-major operands.
   const cuuint32_t box[2] = {64, BK};
-  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(R)};
-  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(M) * 2};
-  const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(R)};
-  const cuuint64_t b_strides[1] = {static_cast<cuuint64_t>(N) * 2};
-  CUtensorMap ma, mb;
-  if (!make_map(ma, op, "dy", dy, 2, a_dims, a_strides, box) || !make_map(mb, op, "x", x, 2, b_dims, b_strides, box))
-    return false;
+  auto operand_maps = [&](const bf16* a, const bf16* b, int64_t rows, CUtensorMap& ma, CUtensorMap& mb) {
+    const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(M) * 2};
+    const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t b_strides[1] = {static_cast<cuuint64_t>(N) * 2};
+    return make_map(ma, op, "dy", a, 2, a_dims, a_strides, box) && make_map(mb, op, "x", b, 2, b_dims, b_strides, box);
+  };
+  CUtensorMap ma, mb, ma2, mb2;
+  if (!operand_maps(dy, x, R, ma, mb)) return false;
+  if (second && !operand_maps(second->dy, second->x, second->R, ma2, mb2)) return false;
   // dW [E, M, N] fp32, added to in 16-column x 64-row boxes.
   const cuuint64_t c_dims[3] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
   const cuuint64_t c_strides[2] = {static_cast<cuuint64_t>(N) * 4, static_cast<cuuint64_t>(N * M) * 4};
@@ -732,8 +781,10 @@ bool try_grouped_wgrad(const bf16* dy, const bf16* x, const int32_t* off, int64_
 
   Params p{};
   p.offsets = off;
+  p.offsets2 = second ? second->offsets : nullptr;
   p.E = static_cast<int32_t>(E);
   p.R = static_cast<int32_t>(R);
+  p.R2 = second ? static_cast<int32_t>(second->R) : 0;
   p.N = static_cast<int32_t>(N);
   p.K = static_cast<int32_t>(M);
   p.n_units = static_cast<int32_t>(n_units);
@@ -742,7 +793,8 @@ bool try_grouped_wgrad(const bf16* dy, const bf16* x, const int32_t* off, int64_
   p.prefetch = 1;
   p.fault = fault_injection();
   p.out = dW;
-  launch_cfg<Mode::kWgrad>(op, ma, mb, mc, p, max_units, ctx, bn, cl);
+  launch_cfg<Mode::kWgrad>(op, ma, mb, mc, p, max_units, ctx, bn, cl, second ? &ma2 : nullptr,
+                           second ? &mb2 : nullptr);
   note_grouped_impl("sm90");
   return true;
 }

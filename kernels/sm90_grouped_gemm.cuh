@@ -41,7 +41,16 @@ bool try_grouped_fwd(const __nv_bfloat16* x, const __nv_bfloat16* W, const int32
                      int64_t out, int64_t in, __nv_bfloat16* y, CudaContext& ctx);
 bool try_grouped_dgrad(const __nv_bfloat16* dy, const __nv_bfloat16* W, const int32_t* offsets, int64_t E,
                        int64_t R, int64_t out, int64_t in, __nv_bfloat16* dx, CudaContext& ctx);
+// A second row set for the weight gradient (e.g. the previous micro-batch's): dy [R, out], x [R, in] and its
+// expert offsets, contracted into the same dW[e] before the one read-add-write.
+struct WgradRows2 {
+  const __nv_bfloat16* dy;
+  const __nv_bfloat16* x;
+  const int32_t* offsets;
+  int64_t R;
+};
 bool try_grouped_wgrad(const __nv_bfloat16* dy, const __nv_bfloat16* x, const int32_t* offsets, int64_t E,
-                       int64_t R, int64_t out, int64_t in, float* dW, CudaContext& ctx);
+                       int64_t R, int64_t out, int64_t in, float* dW, CudaContext& ctx,
+                       const WgradRows2* second = nullptr);
 
 }  // namespace mxt::sm90

@@ -45,6 +45,8 @@ def main():
     ap.add_argument("--hf-baseline", default="../shared/bench/hf_baseline.py")
     ap.add_argument("--out", default="/tmp/bench")
     ap.add_argument("--data", choices=["random", "embedded"], default=os.environ.get("BENCH_DATA", "random"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra override for every mxtrain run (e.g. pair_expert_wgrad=true); repeatable")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows = []
@@ -54,7 +56,7 @@ def main():
         log = os.path.join(a.out, cfg + ".log")
         with open(log, "w") as f:
             rc = subprocess.run([a.mxtrain, "--config-name", cfg, "backend=cuda", f"dataset.source={a.data}",
-                                 f"output_dir={run_dir}"] + overrides, stdout=f, stderr=subprocess.STDOUT).returncode
+                                 f"output_dir={run_dir}"] + overrides + a.set, stdout=f, stderr=subprocess.STDOUT).returncode
         ours = None
         if rc == 0:
             steps = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]

@@ -47,6 +47,15 @@ struct LayerActs {
   MxBuf xe_row;                 // (Cx x d)
 };
 
+// pair_expert_wgrad: a micro-batch's expert weight-gradient operands, held from its backward until the next
+// micro-batch's, whose weight gradients then contract both in one grouped GEMM (one fp32 dW read-add-write per
+// pair of micro-batches instead of per micro-batch).
+struct HeldWgrad {
+  Tensor dye, act, dh13, xe;    // (C, d), (C, f), (C, 2f), (C, d)
+  Tensor offsets;               // (El+1) I32
+  int64_t rows = 0;             // host: rows held (0: nothing held)
+};
+
 // A layer's weights quantised for MXFP8 (E4M3, rowwise + columnwise), once per optimizer step.
 struct LayerMxWeights {
   MxWeight wq, wk, wv, wo;      // only without fp8_config.keep_attention_bf16
@@ -94,7 +103,7 @@ class MixtralModel {
   // null when allocate=false.
   MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch, int64_t seq, const ParamLayout& layout,
                bool allocate = true, const ExpertParallel& ep = {}, const Fp8Config& fp8 = {},
-               bool recompute_experts = false);
+               bool recompute_experts = false, bool pair_expert_wgrad = false);
 
   // Point the model at its weights and gradient buffers (flat, laid out by the ParamLayout). expert_w is in the
   // activation dtype, or, with fp8_config.enabled, may be F32 (the fp32 master: the experts then read only the
@@ -104,6 +113,14 @@ class MixtralModel {
   // head (final norm and LM head), then each layer l from the last down (its attention, norms, router, experts).
   // The embedding's come last, when forward_backward returns. Empty: no calls.
   void set_grads_done_hook(std::function<void(int)> hook) { grads_done_ = std::move(hook); }
+
+  // Which micro-batch of the optimizer step the next forward_backward is (index of count): with
+  // pair_expert_wgrad an even one that is not the last holds its expert weight gradients for the next. The
+  // default (0 of 1) never holds.
+  void set_micro_batch(int64_t index, int64_t count) {
+    mb_index_ = index;
+    mb_count_ = count;
+  }
 
   // One micro-batch. loss_sum[0] += summed token cross-entropy. With compute_grad, gradients of
   // ce_scale * sum(token CE) + aux_scale * coef * aux_loss are accumulated into the gradient buffers.
@@ -130,6 +147,7 @@ class MixtralModel {
   void moe_forward(int l, bool training, uint64_t jitter_seed);
   void moe_backward(int l);        // scratch.dx: in = grad wrt layer output, out = grad wrt x_mid
   void experts_up(int l, int64_t n, const Tensor& off);  // bf16: h13 and act of layer l's n expert rows
+  void experts_backward(int l, int64_t n, const Tensor& off, const std::function<void()>& combine);  // bf16
   // Expert parallelism (moe_dispatch.cpp): rows to / from the ranks that own the experts.
   int64_t moe_dispatch(int l);     // xp, wp -> xe, we; returns the rows received
   void moe_combine(int l, const Tensor& ye);            // expert outputs (n rows) -> s_.yp
@@ -156,6 +174,9 @@ class MixtralModel {
   Fp8Config fp8_;
   bool mx_ = false, mx_attn_ = false;  // expert GEMMs / attention projections in MXFP8
   bool recompute_ = false;         // recompute_experts
+  bool pair_wgrad_ = false;        // pair_expert_wgrad (bf16 experts only)
+  std::vector<HeldWgrad> held_;    // per layer, pair_expert_wgrad
+  int64_t mb_index_ = 0, mb_count_ = 1;
   LayerMxWeights mx_col_;          // cache_columnwise_weights=false: every layer's columnwise copies, shared
   std::function<void(int)> grads_done_;
   mxfp8::Format mx_fwd_ = mxfp8::Format::E4M3, mx_grad_ = mxfp8::Format::E4M3;

@@ -163,6 +163,13 @@ class Ops {
   // dW[e] += dy_e^T @ x_e                          dW [E,out,in] (accumulate)
   virtual void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                   const Tensor& dW) = 0;
+  // dW[e] += dy_e^T @ x_e + dy2_e^T @ x2_e: two row sets (two micro-batches) into one read-add-write of dW.
+  // Equal to the two single calls up to fp32 summation order; by default it is those two calls.
+  virtual void grouped_gemm_wgrad2(const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& dy2,
+                                   const Tensor& x2, const Tensor& offsets2, const Tensor& dW) {
+    grouped_gemm_wgrad(dy, x, offsets, dW);
+    grouped_gemm_wgrad(dy2, x2, offsets2, dW);
+  }
 
   // ---- MXFP8 (fp8_config.enabled; formats, layouts and operand directions: mxtrain/mxfp8.hpp) ----------
   // Quantises x ([rows, cols] or [batch, rows, cols], act dtype) into the rowwise and / or columnwise copy

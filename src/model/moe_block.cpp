@@ -66,6 +66,53 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   ops_.add(a.x_mid, s_.tmp, l + 1 < static_cast<int>(acts_.size()) ? acts_[l + 1].x_in : x_final_);
 }
 
+// bf16 experts' backward on n rows. With pair_expert_wgrad, an even micro-batch that is not the step's last
+// keeps its weight-gradient operands (dh13 written straight into the held buffer, the rest copied) and the next
+// micro-batch contracts both row sets per expert in one grouped GEMM (the held set first: the order of the
+// unpaired accumulation, which the two-call fallback then reproduces bit for bit).
+void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const std::function<void()>& combine) {
+  const LayerActs& a = acts_[l];
+  const LayerTensors& w = w_.layers[l];
+  const LayerTensors& g = g_.layers[l];
+  const bool hold = pair_wgrad_ && mb_index_ % 2 == 0 && mb_index_ + 1 < mb_count_;
+  HeldWgrad* h = pair_wgrad_ ? &held_[l] : nullptr;
+  const int64_t held = h && !hold ? h->rows : 0;  // the previous micro-batch's rows, contracted here
+  auto wgrad = [&](const Tensor& dy, const Tensor& x, const Tensor& hdy, const Tensor& hx, const Tensor& dW) {
+    if (n > 0 && held > 0)
+      ops_.grouped_gemm_wgrad2(hdy.rows(0, held), hx.rows(0, held), h->offsets, dy.rows(0, n), x.rows(0, n), off, dW);
+    else if (n > 0)
+      ops_.grouped_gemm_wgrad(dy.rows(0, n), x.rows(0, n), off, dW);
+    else if (held > 0)
+      ops_.grouped_gemm_wgrad(hdy.rows(0, held), hx.rows(0, held), h->offsets, dW);
+  };
+  if (n == 0) {
+    combine();
+  } else if (hold) {
+    ops_.copy(s_.dye.rows(0, n), h->dye.rows(0, n));
+    ops_.copy(a.act.rows(0, n), h->act.rows(0, n));
+    ops_.copy(a.xe.rows(0, n), h->xe.rows(0, n));
+    ops_.copy(off, h->offsets);
+    ops_.grouped_gemm_dgrad(s_.dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
+    ops_.swiglu_backward(s_.dact.rows(0, n), a.h13.rows(0, n), a.we.rows(0, n), h->dh13.rows(0, n),
+                         s_.dwe.rows(0, n));
+    ops_.grouped_gemm_dgrad(h->dh13.rows(0, n), w.w13, off, s_.dxe.rows(0, n));
+    combine();
+  } else {
+    ops_.grouped_gemm_dgrad(s_.dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
+    wgrad(s_.dye, a.act, h ? h->dye : Tensor(), h ? h->act : Tensor(), g.w2);
+    ops_.swiglu_backward(s_.dact.rows(0, n), a.h13.rows(0, n), a.we.rows(0, n), s_.dh13.rows(0, n),
+                         s_.dwe.rows(0, n));
+    ops_.grouped_gemm_dgrad(s_.dh13.rows(0, n), w.w13, off, s_.dxe.rows(0, n));
+    combine();
+    wgrad(s_.dh13, a.xe, h ? h->dh13 : Tensor(), h ? h->xe : Tensor(), g.w13);
+  }
+  if (n == 0 && held > 0) {  // nothing of this micro-batch's own: the held rows alone
+    wgrad(s_.dye, a.act, h->dye, h->act, g.w2);
+    wgrad(s_.dh13, a.xe, h->dh13, h->xe, g.w13);
+  }
+  if (h) h->rows = hold ? n : 0;
+}
+
 void MixtralModel::moe_backward(int l) {
   LayerActs& a = acts_[l];
   const LayerTensors& w = w_.layers[l];
@@ -98,16 +145,8 @@ void MixtralModel::moe_backward(int l) {
   if (n > 0 && mx_) {
     mx_experts_backward(ops_, mx_run(l, n, off), mxw_[l].experts, s_.dye, a.h13, a.we.rows(0, n), s_.dact,
                         s_.dh13, s_.dxe, s_.dwe.rows(0, n), g.w13, g.w2, combine);
-  } else if (n > 0) {
-    ops_.grouped_gemm_dgrad(s_.dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
-    ops_.grouped_gemm_wgrad(s_.dye.rows(0, n), a.act.rows(0, n), off, g.w2);
-    ops_.swiglu_backward(s_.dact.rows(0, n), a.h13.rows(0, n), a.we.rows(0, n), s_.dh13.rows(0, n),
-                         s_.dwe.rows(0, n));
-    ops_.grouped_gemm_dgrad(s_.dh13.rows(0, n), w.w13, off, s_.dxe.rows(0, n));
-    combine();
-    ops_.grouped_gemm_wgrad(s_.dh13.rows(0, n), a.xe.rows(0, n), off, g.w13);
   } else {
-    combine();
+    experts_backward(l, n, off, combine);
   }
   if (overlap) {
     ops_.set_sm_reserve(0);

@@ -26,6 +26,9 @@ namespace mxt {
 namespace {
 int64_t local_experts(const TrainConfig& c) { return c.model.num_local_experts / c.parallelism.ep_size; }
 
+// One micro-batch per step never holds one for the next: no held buffers then.
+bool pairs_expert_wgrad(const TrainConfig& cfg) { return cfg.pair_expert_wgrad && cfg.grad_acc_steps > 1; }
+
 std::shared_ptr<ProcessGroups> checked_groups(const TrainConfig& c, std::shared_ptr<ProcessGroups> g) {
   if (!g) g = make_single_process_groups();
   const RankLayout& L = g->layout;
@@ -115,7 +118,7 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
                           cfg.parallelism.ep_overlap};
   model_ = std::make_unique<MixtralModel>(cfg.model, ops_, cfg.dataset.micro_batch_size,
                                           cfg.dataset.max_seq_length, layout_, true, ep, cfg.fp8,
-                                          cfg.recompute_experts);
+                                          cfg.recompute_experts, pairs_expert_wgrad(cfg));
   model_->bind(dense_.working, expert_weights(), dense_.grad, expert_.grad);
   if (!cfg.checkpoint.ckpt_dir.empty())
     ckpt_ = std::make_unique<Checkpointer>(cfg, world_ > 1 ? make_mpi_ckpt_comm() : nullptr);
@@ -261,6 +264,7 @@ StepResult Trainer::train_step() {
     TraceScope trace("micro_batch " + std::to_string(i));
     const bool overlap = i == acc - 1 && cfg_.parallelism.overlap_grad_reduce;
     if (overlap) model_->set_grads_done_hook([this](int part) { start_grad_reduce(part); });
+    model_->set_micro_batch(i, acc);
     aux_sum += forward_backward_graphed(i, ce_scale, 1.f / static_cast<float>(micro_total), jitter_seed);
     if (overlap) model_->set_grads_done_hook({});
   }
@@ -603,7 +607,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
                           cfg.parallelism.ep_capacity_factor, cfg.parallelism.ep_overlap};
   PlanningOps ops(act_dtype);
   MixtralModel planned(cfg.model, ops, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length, layout, false, ep,
-                       cfg.fp8, cfg.recompute_experts);
+                       cfg.fp8, cfg.recompute_experts, pairs_expert_wgrad(cfg));
   p.activation_bytes = planned.arena().total_bytes();
   p.fp8_weight_bytes = planned.mx_weight_arena().total_bytes();
   // The LM-head loss's logits chunk (the backend's activation dtype) and its per-token losses.

@@ -220,6 +220,28 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       const Timing t = time_it(st, flush, flush_bytes, 3, runs, [&] { grouped(out1); });
       add_row(v.name, t, note);
     }
+    if (op.kind == 2) {
+      // pair_expert_wgrad's launch: the same rows as two row sets (two micro-batches' worth, twice the FLOPs)
+      // into one read-add-write of dW, beside the two single calls it replaces.
+      mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
+      mxt::sm90::set_grouped_tile_n(256);
+      mxt::sm90::set_grouped_cluster(1);
+      auto paired = [&](const Tensor& dst) {
+        ops.grouped_gemm_wgrad2(*op.in, *op.x2, OFF.t, *op.in, *op.x2, OFF.t, dst);
+      };
+      ops.zero(out1);
+      ops.zero(out2);
+      paired(out1);
+      const std::string path = mxt::sm90::last_grouped_impl();
+      grouped(out2);
+      grouped(out2);
+      const double err = rel_l2_device(ops, out1, out2, acc2.t);
+      char note[96];
+      std::snprintf(note, sizeof(note), "rel L2 vs 2 single calls %.2e%s", err, path == "sm90" ? "" : " (FELL BACK)");
+      const Timing t = time_it(st, flush, flush_bytes, 3, runs, [&] { paired(out1); });
+      rows.push_back(Row{s.name, op.name, "sm90 two row sets (2x rows)", t, 2 * flops / (t.median_ms * 1e-3) / 1e12,
+                         0, 0, note});
+    }
     if (with_wmma) {
       mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Wmma);
       add_row("wmma", time_it(st, flush, flush_bytes, 1, std::max(3, runs / 4), [&] { grouped(out1); }), "");
