@@ -1,6 +1,7 @@
 #pragma once
 // Helpers for CUDA-vs-CPU-twin tests: device tensors from host data (rounded to bf16 where the CUDA dtype is
 // bf16, and the CPU twin gets the same rounded values), results back as floats, error metrics.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +19,21 @@ namespace mxt::testing {
 #define MXT_REQUIRE_GPU()                                                        \
   do {                                                                           \
     if (::mxt::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: skipped"; \
+  } while (0)
+
+// Whether the current device is an sm_90 (Hopper) GPU, where the TMA + wgmma kernels apply.
+inline bool device_is_sm90() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major == 9 && minor == 0;
+}
+
+#define MXT_REQUIRE_SM90()                                                                                   \
+  do {                                                                                                       \
+    MXT_REQUIRE_GPU();                                                                                       \
+    if (!::mxt::testing::device_is_sm90()) GTEST_SKIP() << "not an sm_90 GPU: the Hopper kernels do not apply"; \
   } while (0)
 
 inline uint16_t f32_to_bf16_bits(float f) {

@@ -304,10 +304,7 @@ TEST(CudaAttention, Variant1Kernels) {
 // they did not apply): GQA groups of 1, 2 and 4, two batch rows, a peaky softmax, the smallest seq; then each
 // beside the other's mma.sync kernel, then both mma.sync kernels forced on the same kind of shape.
 TEST(CudaAttention, WgmmaBackwardKernels) {
-  MXT_REQUIRE_GPU();
-  int major = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  if (major != 9) GTEST_SKIP() << "not an sm_90 GPU: the wgmma kernels do not apply";
+  MXT_REQUIRE_SM90();
   {
     ScopedEnv dkv("MXTRAIN_ATTENTION_DKV", "wgmma"), dq("MXTRAIN_ATTENTION_DQ", "wgmma");
     run_case({1, 256, 4, 2, 128, 1.f}, 1300);

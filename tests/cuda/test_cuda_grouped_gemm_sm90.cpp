@@ -31,20 +31,6 @@ namespace {
 constexpr double kTolBf16 = 1e-2;
 constexpr double kTolF32 = 1e-5;
 
-bool device_is_sm90() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major == 9 && minor == 0;
-}
-
-#define MXT_REQUIRE_SM90()                                                      \
-  do {                                                                          \
-    MXT_REQUIRE_GPU();                                                          \
-    if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 GPU: the sm90 path does not apply"; \
-  } while (0)
-
 // Restores the default implementation choice when a test ends (other tests share the process).
 struct ImplGuard {
   ~ImplGuard() {

@@ -20,14 +20,6 @@
 namespace mxt::testing {
 namespace {
 
-bool device_is_sm90() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major == 9 && minor == 0;
-}
-
 struct Guard {
   ~Guard() {
     sm90::set_grouped_tile_n(0);
@@ -96,8 +88,7 @@ void check_pair(Ops& gpu, Ops& cpu, int64_t out, int64_t in, RowSet a, RowSet b,
 }
 
 TEST(CudaPairWgrad, TwoRowSetsAgainstTheTwoSingleCalls) {
-  MXT_REQUIRE_GPU();
-  if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 GPU: the one-launch path does not apply";
+  MXT_REQUIRE_SM90();
   auto gpu = make_cuda_ops();
   auto cpu = make_cpu_ops();
   // expert 1 empty in the first set only, expert 3 in the second only, expert 4 in both
