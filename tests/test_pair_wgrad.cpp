@@ -94,6 +94,15 @@ TEST(PairExpertWgrad, PlanHoldsOneMicroBatchOfExpertOperandsPerLayer) {
             plan_memory(config(false, 1), DType::BF16).activation_bytes);
 }
 
+// A plan that does not fit names the key among the ways to shrink it, and the plan says what it holds.
+TEST(PairExpertWgrad, PlanTextAndTheFitAdvice) {
+  const TrainConfig on = config(true, 2), off = config(false, 2);
+  const MemoryPlan p = plan_memory(on, DType::BF16);
+  EXPECT_NE(plan_fit_problem(on, p, 1).find("pair_expert_wgrad=false"), std::string::npos);
+  EXPECT_EQ(plan_fit_problem(off, plan_memory(off, DType::BF16), 1).find("pair_expert_wgrad"), std::string::npos);
+  EXPECT_NE(format_memory_plan(on, p).find("(pair_expert_wgrad)"), std::string::npos);
+}
+
 TEST(PairExpertWgrad, ConfigKey) {
   EXPECT_FALSE(to_train_config(resolve_config(LoadOptions{"L0_sanity", "", {}})).pair_expert_wgrad);
   EXPECT_TRUE(to_train_config(resolve_config(LoadOptions{"L0_sanity", "", {"pair_expert_wgrad=true"}})).pair_expert_wgrad);

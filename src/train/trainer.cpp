@@ -657,7 +657,10 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
                                        cfg.fp8.keep_attention_bf16 ? "experts" : "experts, QKV, O",
                                        gib(p.fp8_weight_bytes))
                          : std::string(),
-      cfg.recompute_experts ? "; the experts' h13 and SwiGLU output recomputed in the backward" : "",
+      std::string(cfg.recompute_experts ? "; the experts' h13 and SwiGLU output recomputed in the backward" : "") +
+          (pairs_expert_wgrad(cfg) && !cfg.fp8.enabled
+               ? "; one micro-batch's expert weight-gradient operands held per layer (pair_expert_wgrad)"
+               : ""),
       gib(p.activation_bytes), p.lm_head_rows, gib(p.scratch_bytes), gib(p.total_bytes()));
   for (const auto& [name, bytes] : p.largest) s += fmt::format("    {:<28} {:10.1f} MiB\n", name, bytes / 1048576.0);
   return s;
@@ -672,6 +675,8 @@ std::string plan_fit_problem(const TrainConfig& cfg, const MemoryPlan& p, size_t
       gib(p.total_bytes()), gib(kPlanHeadroom), gib(free_bytes), gib(p.param_bytes), gib(p.fp8_weight_bytes),
       gib(p.activation_bytes), gib(p.scratch_bytes));
   if (!cfg.recompute_experts) s += " recompute_experts=true (the experts' h13 and SwiGLU output rebuilt in the backward);";
+  if (pairs_expert_wgrad(cfg) && !cfg.fp8.enabled)
+    s += " pair_expert_wgrad=false (no micro-batch of expert operands held per layer);";
   if (cfg.fp8.enabled && cfg.fp8.cache_columnwise_weights)
     s += " fp8_config.cache_columnwise_weights=false (dgrad weight copies one layer at a time);";
   if (cfg.lm_head_chunk_tokens > 1024) s += " lm_head_chunk_tokens=1024;";
