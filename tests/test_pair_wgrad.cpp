@@ -8,6 +8,7 @@
 
 #include "plan_util.hpp"
 #include "tiny_config.hpp"
+#include "trained_run.hpp"
 #include "mxtrain/comm.hpp"
 #include "mxtrain/config.hpp"
 #include "mxtrain/data.hpp"
@@ -26,21 +27,12 @@ TrainConfig config(bool pair, int64_t acc) {
   return c;
 }
 
-struct Trained {
-  std::vector<double> losses;
-  std::vector<float> dense, expert;
-};
-
-Trained train(const TrainConfig& c) {
+TrainedRun train(const TrainConfig& c) {
   auto ops = make_cpu_ops();
-  Trainer t(c, *ops, embedded_corpus_tokens());
-  Trained r;
-  r.losses = t.run();
-  t.master_weights(r.dense, r.expert);
-  return r;
+  return train_to_end(c, *ops);
 }
 
-void expect_same(const Trained& a, const Trained& b) {
+void expect_same(const TrainedRun& a, const TrainedRun& b) {
   ASSERT_EQ(a.losses.size(), b.losses.size());
   for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << "step " << i + 1;
   ASSERT_EQ(a.expert.size(), b.expert.size());
@@ -56,7 +48,7 @@ TEST(PairExpertWgrad, TrainsBitForBitLikeSingleWeightGradients) {
       SCOPED_TRACE("grad_acc_steps " + std::to_string(acc) + (recompute ? ", recompute_experts" : ""));
       TrainConfig off = config(false, acc), on = config(true, acc);
       off.recompute_experts = on.recompute_experts = recompute;
-      const Trained a = train(off), b = train(on);
+      const TrainedRun a = train(off), b = train(on);
       expect_same(a, b);
       EXPECT_LT(a.losses.back(), a.losses.front()) << "the run did not train";
     }

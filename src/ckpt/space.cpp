@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "ckpt_internal.hpp"
 #include "mxtrain/checkpoint.hpp"
 #include "mxtrain/params.hpp"
 
@@ -13,17 +14,14 @@ namespace {
 
 double gb(int64_t bytes) { return static_cast<double>(bytes) / 1e9; }
 
-// Free bytes of the filesystem that holds `dir`, or of its nearest existing parent (the run creates the rest);
+// free_bytes of the filesystem that holds `dir`, or of its nearest existing parent (the run creates the rest);
 // -1 when even that cannot be asked.
 int64_t free_space(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path p = fs::absolute(dir, ec);
   while (!p.empty()) {
-    if (fs::exists(p, ec)) {
-      const fs::space_info si = fs::space(p, ec);
-      return ec ? -1 : static_cast<int64_t>(si.available);
-    }
+    if (fs::exists(p, ec)) return ckpt::free_bytes(p.string());
     if (p == p.parent_path()) break;
     p = p.parent_path();
   }

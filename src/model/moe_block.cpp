@@ -74,20 +74,21 @@ void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const s
   const LayerActs& a = acts_[l];
   const LayerTensors& w = w_.layers[l];
   const LayerTensors& g = g_.layers[l];
+  static const HeldWgrad kNothingHeld;
   const bool hold = pair_wgrad_ && mb_index_ % 2 == 0 && mb_index_ + 1 < mb_count_;
   HeldWgrad* h = pair_wgrad_ ? &held_[l] : nullptr;
-  const int64_t held = h && !hold ? h->rows : 0;  // the previous micro-batch's rows, contracted here
+  const HeldWgrad& prev = h && !hold ? *h : kNothingHeld;  // the previous micro-batch's rows, contracted here
+  // dW += this micro-batch's rows and the held ones, whichever exist (a rank may receive none).
   auto wgrad = [&](const Tensor& dy, const Tensor& x, const Tensor& hdy, const Tensor& hx, const Tensor& dW) {
-    if (n > 0 && held > 0)
-      ops_.grouped_gemm_wgrad2(hdy.rows(0, held), hx.rows(0, held), h->offsets, dy.rows(0, n), x.rows(0, n), off, dW);
+    const int64_t m = prev.rows;
+    if (n > 0 && m > 0)
+      ops_.grouped_gemm_wgrad2(hdy.rows(0, m), hx.rows(0, m), prev.offsets, dy.rows(0, n), x.rows(0, n), off, dW);
     else if (n > 0)
       ops_.grouped_gemm_wgrad(dy.rows(0, n), x.rows(0, n), off, dW);
-    else if (held > 0)
-      ops_.grouped_gemm_wgrad(hdy.rows(0, held), hx.rows(0, held), h->offsets, dW);
+    else if (m > 0)
+      ops_.grouped_gemm_wgrad(hdy.rows(0, m), hx.rows(0, m), prev.offsets, dW);
   };
-  if (n == 0) {
-    combine();
-  } else if (hold) {
+  if (n > 0 && hold) {
     ops_.copy(s_.dye.rows(0, n), h->dye.rows(0, n));
     ops_.copy(a.act.rows(0, n), h->act.rows(0, n));
     ops_.copy(a.xe.rows(0, n), h->xe.rows(0, n));
@@ -97,18 +98,18 @@ void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const s
                          s_.dwe.rows(0, n));
     ops_.grouped_gemm_dgrad(h->dh13.rows(0, n), w.w13, off, s_.dxe.rows(0, n));
     combine();
-  } else {
+  } else if (n > 0) {
     ops_.grouped_gemm_dgrad(s_.dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
-    wgrad(s_.dye, a.act, h ? h->dye : Tensor(), h ? h->act : Tensor(), g.w2);
+    wgrad(s_.dye, a.act, prev.dye, prev.act, g.w2);
     ops_.swiglu_backward(s_.dact.rows(0, n), a.h13.rows(0, n), a.we.rows(0, n), s_.dh13.rows(0, n),
                          s_.dwe.rows(0, n));
     ops_.grouped_gemm_dgrad(s_.dh13.rows(0, n), w.w13, off, s_.dxe.rows(0, n));
     combine();
-    wgrad(s_.dh13, a.xe, h ? h->dh13 : Tensor(), h ? h->xe : Tensor(), g.w13);
-  }
-  if (n == 0 && held > 0) {  // nothing of this micro-batch's own: the held rows alone
-    wgrad(s_.dye, a.act, h->dye, h->act, g.w2);
-    wgrad(s_.dh13, a.xe, h->dh13, h->xe, g.w13);
+    wgrad(s_.dh13, a.xe, prev.dh13, prev.xe, g.w13);
+  } else {  // no rows of this micro-batch's own: the held ones alone, if any
+    combine();
+    wgrad(s_.dye, a.act, prev.dye, prev.act, g.w2);
+    wgrad(s_.dh13, a.xe, prev.dh13, prev.xe, g.w13);
   }
   if (h) h->rows = hold ? n : 0;
 }

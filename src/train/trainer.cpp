@@ -26,8 +26,11 @@ namespace mxt {
 namespace {
 int64_t local_experts(const TrainConfig& c) { return c.model.num_local_experts / c.parallelism.ep_size; }
 
-// One micro-batch per step never holds one for the next: no held buffers then.
-bool pairs_expert_wgrad(const TrainConfig& cfg) { return cfg.pair_expert_wgrad && cfg.grad_acc_steps > 1; }
+// Whether pair_expert_wgrad takes effect: one micro-batch per step never holds one for the next, and the MXFP8
+// experts have their own weight-gradient kernels.
+bool pairs_expert_wgrad(const TrainConfig& cfg) {
+  return cfg.pair_expert_wgrad && cfg.grad_acc_steps > 1 && !cfg.fp8.enabled;
+}
 
 std::shared_ptr<ProcessGroups> checked_groups(const TrainConfig& c, std::shared_ptr<ProcessGroups> g) {
   if (!g) g = make_single_process_groups();
@@ -658,9 +661,9 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
                                        gib(p.fp8_weight_bytes))
                          : std::string(),
       std::string(cfg.recompute_experts ? "; the experts' h13 and SwiGLU output recomputed in the backward" : "") +
-          (pairs_expert_wgrad(cfg) && !cfg.fp8.enabled
-               ? "; one micro-batch's expert weight-gradient operands held per layer (pair_expert_wgrad)"
-               : ""),
+          (pairs_expert_wgrad(cfg) ? "; one micro-batch's expert weight-gradient operands held per layer "
+                                     "(pair_expert_wgrad)"
+                                   : ""),
       gib(p.activation_bytes), p.lm_head_rows, gib(p.scratch_bytes), gib(p.total_bytes()));
   for (const auto& [name, bytes] : p.largest) s += fmt::format("    {:<28} {:10.1f} MiB\n", name, bytes / 1048576.0);
   return s;
@@ -675,7 +678,7 @@ std::string plan_fit_problem(const TrainConfig& cfg, const MemoryPlan& p, size_t
       gib(p.total_bytes()), gib(kPlanHeadroom), gib(free_bytes), gib(p.param_bytes), gib(p.fp8_weight_bytes),
       gib(p.activation_bytes), gib(p.scratch_bytes));
   if (!cfg.recompute_experts) s += " recompute_experts=true (the experts' h13 and SwiGLU output rebuilt in the backward);";
-  if (pairs_expert_wgrad(cfg) && !cfg.fp8.enabled)
+  if (pairs_expert_wgrad(cfg))
     s += " pair_expert_wgrad=false (no micro-batch of expert operands held per layer);";
   if (cfg.fp8.enabled && cfg.fp8.cache_columnwise_weights)
     s += " fp8_config.cache_columnwise_weights=false (dgrad weight copies one layer at a time);";

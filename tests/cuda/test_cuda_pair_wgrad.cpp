@@ -14,6 +14,7 @@
 #include "cuda_test_util.hpp"
 #include "sm90_grouped_gemm.cuh"
 #include "tiny_config.hpp"
+#include "trained_run.hpp"
 #include "mxtrain/data.hpp"
 #include "mxtrain/trainer.hpp"
 
@@ -101,12 +102,7 @@ TEST(CudaPairWgrad, TwoRowSetsAgainstTheTwoSingleCalls) {
              make_set({250, 410, 380, 1}, 0, 2048, 4096, 15), 17);
 }
 
-struct Trained {
-  std::vector<double> losses;
-  std::vector<float> dense, expert;
-};
-
-Trained train(bool pair, int64_t acc, bool graphs) {
+TrainedRun train(bool pair, int64_t acc, bool graphs) {
   TrainConfig c = tiny_config("mxtrain_test_cuda_pair_wgrad", 64, 128);
   c.num_train_steps = 6;
   c.grad_acc_steps = acc;
@@ -114,11 +110,7 @@ Trained train(bool pair, int64_t acc, bool graphs) {
   c.pair_expert_wgrad = pair;
   c.cuda_graphs = graphs;
   auto gpu = make_cuda_ops();
-  Trainer t(c, *gpu, embedded_corpus_tokens());
-  Trained r;
-  r.losses = t.run();
-  t.master_weights(r.dense, r.expert);
-  return r;
+  return train_to_end(c, *gpu);
 }
 
 double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
@@ -137,7 +129,7 @@ TEST(CudaPairWgrad, TrainingFollowsTheUnpairedRun) {
   for (const int64_t acc : {2, 3}) {
     for (const bool graphs : {false, true}) {
       SCOPED_TRACE("grad_acc_steps " + std::to_string(acc) + (graphs ? ", cuda_graphs" : ", eager"));
-      const Trained off = train(false, acc, graphs), on = train(true, acc, graphs);
+      const TrainedRun off = train(false, acc, graphs), on = train(true, acc, graphs);
       ASSERT_EQ(off.losses.size(), on.losses.size());
       EXPECT_EQ(off.losses.front(), on.losses.front());  // the first step's forward sees the same weights
       for (size_t i = 0; i < off.losses.size(); ++i)
