@@ -97,8 +97,7 @@ class CudaOps : public Ops {
   void grouped_gemm(const Tensor& x, const Tensor& W, const Tensor& offsets, const Tensor& y) override;
   void grouped_gemm_dgrad(const Tensor& dy, const Tensor& W, const Tensor& offsets, const Tensor& dx) override;
   void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& dW) override;
-  void grouped_gemm_wgrad2(const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& dy2,
-                           const Tensor& x2, const Tensor& offsets2, const Tensor& dW) override;
+  void grouped_gemm_wgrad_sets(const std::vector<WgradRowSet>& sets, const Tensor& dW, bool accumulate) override;
 
   void mx_quantize(const Tensor& x, const mxfp8::MxView* rowwise, const mxfp8::MxView* colwise) override;
   void mx_grouped_gemm(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 #include <type_traits>
 
 #include "cuda_common.cuh"
@@ -341,7 +342,8 @@ void CudaOps::grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor
   float* dwp = cuda::f32(dW, op, "dW");
   const int32_t* off = cuda::i32(offsets, op, "offsets");
   if (R == 0 || g.E == 0 || g.out == 0 || g.in == 0) return;
-  if (sm90::try_grouped_wgrad(gp, xp, off, g.E, R, g.out, g.in, dwp, ctx())) return;
+  const sm90::WgradRows set{gp, xp, off, R};
+  if (sm90::try_grouped_wgrad(&set, 1, g.E, g.out, g.in, dwp, ctx())) return;
   sm90::note_grouped_impl("wmma");
   const int64_t n_tiles = (g.in + BN - 1) / BN, m_tiles = (g.out + BM - 1) / BM;
   if (n_tiles > INT32_MAX || m_tiles > 65535 || g.E > 65535)
@@ -353,28 +355,25 @@ void CudaOps::grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor
   cuda::check_launch(op);
 }
 
-// One Hopper launch over both row sets where the sm90 kernel applies; else (and for an empty set) the two calls.
-void CudaOps::grouped_gemm_wgrad2(const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& dy2,
-                                  const Tensor& x2, const Tensor& offsets2, const Tensor& dW) {
-  const char* op = "grouped_gemm_wgrad2";
-  const int64_t R = dy.ndim ? dy.shape[0] : 0, R2 = dy2.ndim ? dy2.shape[0] : 0;
-  const Groups g = check_groups(dW, offsets, op, "dW");
-  const Groups g2 = check_groups(dW, offsets2, op, "dW");
-  check_limits(op, R, g.E);
-  check_limits(op, R2, g2.E);
-  expect_rows(dy, R, g.out, op, "dy");
-  expect_rows(x, R, g.in, op, "x");
-  expect_rows(dy2, R2, g.out, op, "dy2");
-  expect_rows(x2, R2, g.in, op, "x2");
-  if (R > 0 && R2 > 0 && g.E > 0 && g.out > 0 && g.in > 0) {
-    const sm90::WgradRows2 second{cuda::bf16p(dy2, op, "dy2"), cuda::bf16p(x2, op, "x2"),
-                                  cuda::i32(offsets2, op, "offsets2"), R2};
-    if (sm90::try_grouped_wgrad(cuda::bf16p(dy, op, "dy"), cuda::bf16p(x, op, "x"), cuda::i32(offsets, op, "offsets"),
-                                g.E, R, g.out, g.in, cuda::f32(dW, op, "dW"), ctx(), &second))
-      return;
+// One Hopper pass over every row set where the sm90 kernel applies; else (and for empty sets) one call per set.
+void CudaOps::grouped_gemm_wgrad_sets(const std::vector<WgradRowSet>& sets, const Tensor& dW, bool accumulate) {
+  const char* op = "grouped_gemm_wgrad_sets";
+  std::vector<sm90::WgradRows> rows;
+  int64_t E = 0, out = 0, in = 0;
+  for (const WgradRowSet& r : sets) {
+    const int64_t R = r.dy.ndim ? r.dy.shape[0] : 0;
+    const Groups g = check_groups(dW, r.offsets, op, "dW");
+    check_limits(op, R, g.E);
+    expect_rows(r.dy, R, g.out, op, "dy");
+    expect_rows(r.x, R, g.in, op, "x");
+    E = g.E, out = g.out, in = g.in;
+    if (R > 0) rows.push_back({cuda::bf16p(r.dy, op, "dy"), cuda::bf16p(r.x, op, "x"), cuda::i32(r.offsets, op, "offsets"), R});
   }
-  grouped_gemm_wgrad(dy, x, offsets, dW);
-  grouped_gemm_wgrad(dy2, x2, offsets2, dW);
+  if (!rows.empty() && E > 0 && out > 0 && in > 0 &&
+      sm90::try_grouped_wgrad(rows.data(), static_cast<int>(rows.size()), E, out, in, cuda::f32(dW, op, "dW"), ctx(),
+                              accumulate))
+    return;
+  Ops::grouped_gemm_wgrad_sets(sets, dW, accumulate);
 }
 
 }  // namespace mxt

@@ -4,8 +4,9 @@
 //   dgrad    dx[r,:] = dy[r,:] @ W[e]      A = dy [R,K] K-major,   B = W[e] [K,N] N-major   -> dx bf16
 //   wgrad    dW[e]  += dy_e^T @ x_e        A = dy_e^T: [M=out, k=rows] M-major, B = x_e [k, N] N-major
 //                                          -> dW f32 += (deterministic: one CTA per output tile)
-//            optionally over two row sets (dy, x, offsets) and (dy2, x2, offsets2), e.g. two micro-batches: each
-//            output tile contracts expert e's rows of both before its one read-add-write of dW[e]
+//            optionally over several row sets (dy_s, x_s, offsets_s), e.g. micro-batches: each output tile
+//            contracts expert e's rows of every set before its one read-add-write of dW[e] (or its one store:
+//            dW = the sum, when the call overwrites; experts without rows then store zeros)
 // (contract and offsets semantics: ops.hpp; the wmma kernels in grouped_gemm.cu are the fallback and reference.)
 //
 // CTA: 3 warpgroups. Warpgroup 0 is the producer: one thread issues the TMA loads of each k-block (BK = 64)
@@ -44,6 +45,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cuda_common.cuh"
 #include "cuda_context.cuh"
@@ -67,6 +69,8 @@ constexpr int kChunk = 64 * BK * 2;      // bytes of one 64 x 64 bf16 box (8 KiB
 constexpr int kThreads = 384;            // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerThreads = 256;
 constexpr int kMaxExperts = 256;
+constexpr int kMaxSets = 8;              // wgrad: row sets per launch (more: several launches)
+constexpr int kSetSlots = 448;           // wgrad: (sets - 1) x experts row ranges past the first set's
 constexpr int kPrefetchLead = 8;         // wgrad: k-blocks before an item's end at which its dW tile is prefetched
 constexpr uint32_t kProducerRegs = 56, kConsumerRegs = 224;  // 128 x 56 + 256 x 224 = 168 x 384
 constexpr int kEpiCols = 16;             // wgrad epilogue box: 64 rows x 16 fp32 (64-byte rows, 64-byte swizzle)
@@ -87,8 +91,9 @@ struct Cfg {
 };
 
 struct Sched {
-  int32_t lo[kMaxExperts], hi[kMaxExperts], mtiles[kMaxExperts];
-  int32_t lo2[kMaxExperts], hi2[kMaxExperts];  // wgrad: expert rows of the second row set (empty without one)
+  int32_t lo[kMaxExperts], hi[kMaxExperts];  // expert rows (wgrad: of the first row set)
+  int32_t mtiles[kMaxExperts];               // fwd / dgrad: m-tiles; wgrad: k-blocks over all row sets
+  int32_t slo[kSetSlots], shi[kSetSlots];    // wgrad: expert e's rows of set s >= 1 at (s - 1) * E + e
   int32_t cum[kMaxExperts + 1];  // exclusive prefix of the experts' work items
 };
 
@@ -102,8 +107,11 @@ static_assert(Cfg<256>::kOffEpi % 1024 == 0 && Cfg<128>::kOffEpi % 1024 == 0, "e
 
 struct Params {
   const int32_t* offsets;
-  const int32_t* offsets2;  // wgrad: the second row set's offsets (into dy2 / x2, R2 rows), or null
-  int32_t E, R, R2;
+  int32_t E, R;
+  int32_t sets;                            // wgrad: row sets (>= 1); set 0 is (offsets, R)
+  const int32_t* set_offsets[kMaxSets];    // wgrad: set s's expert offsets into its R_s rows (s >= 1)
+  int32_t set_R[kMaxSets];
+  int32_t overwrite;                       // wgrad: dW = the sum (TMA stores) instead of dW += it
   int32_t N;        // output columns (fwd: out, dgrad: in, wgrad: in)
   int32_t K;        // fwd / dgrad: contraction length; wgrad: M (= out, rows of dW[e])
   int32_t n_units;  // n-tiles per scheduling unit row: ceil(ceil(N / BN) / cluster size)
@@ -113,6 +121,42 @@ struct Params {
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing
   int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC)
   void* out;        // y / dx (bf16, [R, N]) or dW (f32, [E, M, N])
+};
+
+// Wgrad: the operand maps of row sets 1.. (set 0's are tmA / tmB).
+struct SetMaps {
+  CUtensorMap a[kMaxSets - 1], b[kMaxSets - 1];
+};
+
+// Wgrad: expert e's rows [lo, hi) of row set s.
+__device__ __forceinline__ void set_rows(const Sched& sc, int E, int s, int e, int32_t& lo, int32_t& hi) {
+  if (s == 0) {
+    lo = sc.lo[e];
+    hi = sc.hi[e];
+  } else {
+    lo = sc.slo[(s - 1) * E + e];
+    hi = sc.shi[(s - 1) * E + e];
+  }
+}
+
+// Wgrad: walks an item's k-blocks over the row sets in order, skipping empty ones. next() gives the k-block's
+// first row and how many of its BK rows belong to the expert (the rest are zeroed by the consumers).
+struct SetCursor {
+  int s = -1;
+  int32_t row = 0, left = 0;
+  __device__ __forceinline__ int32_t next(const Sched& sc, int E, int e, int& valid) {
+    while (left <= 0) {
+      int32_t lo, hi;
+      set_rows(sc, E, ++s, e, lo, hi);
+      row = lo;
+      left = hi - lo;
+    }
+    const int32_t r0 = row;
+    valid = left < BK ? left : BK;
+    row += BK;
+    left -= BK;
+    return r0;
+  }
 };
 
 __device__ __forceinline__ void st_bf16x2(bf16* p, float a, float b) {
@@ -139,20 +183,8 @@ struct Item {
   int32_t row0, row_hi;  // fwd / dgrad: rows [row0, min(row0 + BM, row_hi)) of the output
   int32_t m0;            // wgrad: first dW row
   int32_t n0;            // first output column
-  int32_t nk;            // k-blocks
-  int32_t nk1;           // wgrad: k-blocks over the first row set; then rows [row0b, row_hib) of the second
-  int32_t row0b, row_hib;
+  int32_t nk;            // k-blocks (wgrad: over all row sets)
 };
-
-// Wgrad: the rows of k-block kb, from the first row set (then `second` is false) or the second.
-struct KRows {
-  int32_t r0;
-  bool second;
-};
-__device__ __forceinline__ KRows k_rows(const Item& it, int kb) {
-  if (kb < it.nk1) return {it.row0 + kb * BK, false};
-  return {it.row0b + (kb - it.nk1) * BK, true};
-}
 
 // kCl CTAs (cluster ranks) share a unit: rank r takes n-tile unit * kCl + r.
 template <Mode kMode, int BN, int kCl>
@@ -168,10 +200,7 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
     it.n0 = (nu * kCl + rank) * BN;
     it.row0 = sc.lo[e];
     it.row_hi = sc.hi[e];
-    it.nk1 = (it.row_hi - it.row0 + BK - 1) / BK;
-    it.row0b = sc.lo2[e];
-    it.row_hib = sc.hi2[e];
-    it.nk = it.nk1 + (it.row_hib - it.row0b + BK - 1) / BK;
+    it.nk = sc.mtiles[e];
   } else {
     const int mte = sc.mtiles[e];
     it.row0 = sc.lo[e] + (local % mte) * BM;
@@ -179,28 +208,29 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
     it.n0 = ((local / mte) * kCl + rank) * BN;
     it.m0 = 0;
     it.nk = (p.K + BK - 1) / BK;
-    it.nk1 = it.nk;
-    it.row0b = it.row_hib = 0;
   }
   return it;
 }
 
 template <Mode kMode, int BN, int kCl>
-__device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap* mB, const CUtensorMap* mA2,
-                                        const CUtensorMap* mB2, const Sched& sc, const Params& p, uint32_t smem,
-                                        uint64_t* full, uint64_t* empty, int rank, int unit0, int units_stride) {
+__device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap* mB, const SetMaps* sm,
+                                        const Sched& sc, const Params& p, uint32_t smem, uint64_t* full,
+                                        uint64_t* empty, int rank, int unit0, int units_stride) {
   using C = Cfg<BN>;
   tma_prefetch_desc(mA);
   tma_prefetch_desc(mB);
-  if (kMode == Mode::kWgrad && p.offsets2 != nullptr) {
-    tma_prefetch_desc(mA2);
-    tma_prefetch_desc(mB2);
+  if constexpr (kMode == Mode::kWgrad) {
+    for (int s = 1; s < p.sets; ++s) {
+      tma_prefetch_desc(&sm->a[s - 1]);
+      tma_prefetch_desc(&sm->b[s - 1]);
+    }
   }
   const int total = sc.cum[p.E];
   int s = 0, e = 0;
   uint32_t phase = 0;
   for (int item = unit0; item < total; item += units_stride) {
     const Item it = decode<kMode, BN, kCl>(sc, p, item, e, rank);
+    SetCursor cur;
     for (int kb = 0; kb < it.nk; ++kb) {
       mbar_wait<(kCl > 1)>(&empty[s], phase ^ 1u);
       mbar_arrive_expect_tx(&full[s], C::kStageA + C::kStageB);
@@ -220,10 +250,10 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
         for (int c = 0; c < BN / 64; ++c)            // W[e] k-rows [k0, k0 + 64), columns n0 + 64c ...
           tma_load_3d(b + c * kChunk, mB, bar, it.n0 + 64 * c, k0, it.e);
       } else {
-        const KRows kr = k_rows(it, kb);             // expert rows [r0, r0 + 64) of one row set
-        const int32_t r0 = kr.r0;
-        const CUtensorMap* ma = kr.second ? mA2 : mA;
-        const CUtensorMap* mb = kr.second ? mB2 : mB;
+        int valid;
+        const int32_t r0 = cur.next(sc, p.E, it.e, valid);  // expert rows [r0, r0 + 64) of row set cur.s
+        const CUtensorMap* ma = cur.s == 0 ? mA : &sm->a[cur.s - 1];
+        const CUtensorMap* mb = cur.s == 0 ? mB : &sm->b[cur.s - 1];
         if constexpr (kCl > 1) {
           tma_load_2d_multicast(a + rank * kChunk, ma, bar, it.m0 + 64 * rank, r0, 0x3);
         } else {
@@ -319,13 +349,12 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const Sched& sc, 
 #pragma unroll
     for (int i = 0; i < C::kAcc; ++i) acc[i] = 0.f;
     int prev = 0;
-    // Wgrad: each row set's last k-block may hold fewer than BK of the expert's rows (the rest are zeroed).
-    const int last1 = it.nk1 - 1, valid1 = it.row_hi - it.row0 - last1 * BK;
-    const int valid2 = it.row_hib - it.row0b - (it.nk - 1 - it.nk1) * BK;
+    SetCursor cur;  // wgrad: each row set's last k-block may hold fewer than BK of the expert's rows
     for (int kb = 0; kb < it.nk; ++kb) {
       mbar_wait(&full[s], phase);
       if constexpr (kMode == Mode::kWgrad) {
-        const int valid = kb == last1 ? valid1 : kb == it.nk - 1 ? valid2 : BK;
+        int valid;
+        cur.next(sc, p.E, it.e, valid);
         if (valid < BK && p.fault != 2) zero_tail_rows<BN>(smem_ptr, s, valid, ct);
       }
       // This warpgroup's 64 rows of A: rows 64cw.. of the K-major box, or the cw-th 64-wide M chunk.
@@ -376,7 +405,10 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const Sched& sc, 
         fence_proxy_async_smem();
         named_barrier_sync(bar_id, 128);
         if (wt == 0) {
-          tma_reduce_add_3d(mC, boxes + b * kEpiBox, it.n0 + kEpiCols * c, it.m0 + 64 * cw, it.e);
+          if (p.overwrite)
+            tma_store_3d(mC, boxes + b * kEpiBox, it.n0 + kEpiCols * c, it.m0 + 64 * cw, it.e);
+          else
+            tma_reduce_add_3d(mC, boxes + b * kEpiBox, it.n0 + kEpiCols * c, it.m0 + 64 * cw, it.e);
           bulk_commit_group();
         }
       }
@@ -438,8 +470,8 @@ __device__ __forceinline__ void zero_padding(const Params& p, int32_t used, int 
 template <Mode kMode, int BN, int kCl>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_sm90_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-                        const __grid_constant__ CUtensorMap tmC, const __grid_constant__ CUtensorMap tmA2,
-                        const __grid_constant__ CUtensorMap tmB2, const Params p) {
+                        const __grid_constant__ CUtensorMap tmC, const __grid_constant__ SetMaps sets,
+                        const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = Cfg<BN>;
   extern __shared__ uint8_t smem_raw[];
@@ -458,19 +490,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int32_t lo = clamp_to(p.offsets[e], p.R);
     int32_t hi = clamp_to(p.offsets[e + 1], p.R);
     if (hi < lo) hi = lo;
-    const int32_t mt = (hi - lo + BM - 1) / BM;
-    int32_t lo2 = 0, hi2 = 0;
-    if (kMode == Mode::kWgrad && p.offsets2 != nullptr) {
-      lo2 = clamp_to(p.offsets2[e], p.R2);
-      hi2 = clamp_to(p.offsets2[e + 1], p.R2);
-      if (hi2 < lo2) hi2 = lo2;
-    }
     sc.lo[e] = lo;
     sc.hi[e] = hi;
-    sc.lo2[e] = lo2;
-    sc.hi2[e] = hi2;
-    sc.mtiles[e] = mt;
-    sc.cum[e + 1] = kMode == Mode::kWgrad ? (hi > lo || hi2 > lo2 ? p.m_tiles * p.n_units : 0) : mt * p.n_units;
+    if constexpr (kMode == Mode::kWgrad) {
+      int32_t nk = (hi - lo + BK - 1) / BK;
+      for (int s = 1; s < p.sets; ++s) {
+        const int32_t ls = clamp_to(p.set_offsets[s][e], p.set_R[s]);
+        int32_t hs = clamp_to(p.set_offsets[s][e + 1], p.set_R[s]);
+        if (hs < ls) hs = ls;
+        sc.slo[(s - 1) * p.E + e] = ls;
+        sc.shi[(s - 1) * p.E + e] = hs;
+        nk += (hs - ls + BK - 1) / BK;
+      }
+      sc.mtiles[e] = nk;
+      // Overwriting: every dW[e] is stored, zeros where the expert has no rows.
+      sc.cum[e + 1] = nk > 0 || p.overwrite ? p.m_tiles * p.n_units : 0;
+    } else {
+      const int32_t mt = (hi - lo + BM - 1) / BM;
+      sc.mtiles[e] = mt;
+      sc.cum[e + 1] = mt * p.n_units;
+    }
   }
   if (tid == 0) {
     for (int i = 0; i < C::kStages; ++i) {
@@ -491,7 +530,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<kProducerRegs>();
     if (warp == 0) {
       if (lane == 0)
-        produce<kMode, BN, kCl>(&tmA, &tmB, &tmA2, &tmB2, sc, p, smem, full, empty, rank, unit0, units_stride);
+        produce<kMode, BN, kCl>(&tmA, &tmB, &sets, sc, p, smem, full, empty, rank, unit0, units_stride);
     } else if constexpr (kMode != Mode::kWgrad) {
       zero_padding(p, clamp_to(p.offsets[p.E], p.R), tid - 32, 96);
     }
@@ -623,8 +662,8 @@ bool shapes_ok(int64_t E, int64_t R, int64_t out, int64_t in) {
 
 // Launches kernel<kMode, BN, kCl> persistently: at most one cluster per co-resident slot, at most one per unit.
 template <Mode kMode, int BN, int kCl>
-void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& c, const CUtensorMap& a2,
-            const CUtensorMap& b2, const Params& p, int64_t max_units, CudaContext& ctx) {
+void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& c, const SetMaps& sets,
+            const Params& p, int64_t max_units, CudaContext& ctx) {
   auto kernel = grouped_sm90_kernel<kMode, BN, kCl>;
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr[1];
@@ -655,19 +694,16 @@ void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CU
   // Clusters scale down with the SMs left to a concurrent collective.
   const int64_t n = std::max<int64_t>(1, slots.load() * ctx.gemm_sms() / ctx.num_sms);
   cfg.gridDim = dim3(static_cast<unsigned>(kCl * (max_units < 1 ? 1 : (max_units < n ? max_units : n))));
-  cuda::check(cudaLaunchKernelEx(&cfg, kernel, a, b, c, a2, b2, p), op, "kernel launch");
+  cuda::check(cudaLaunchKernelEx(&cfg, kernel, a, b, c, sets, p), op, "kernel launch");
 }
 
 template <Mode kMode>
 void launch_cfg(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& c, const Params& p,
-                int64_t max_units, CudaContext& ctx, int bn, int cl, const CUtensorMap* a2 = nullptr,
-                const CUtensorMap* b2 = nullptr) {
-  const CUtensorMap& sa = a2 ? *a2 : a;  // the second row set's maps (wgrad over two; else unused copies)
-  const CUtensorMap& sb = b2 ? *b2 : b;
-  if (bn == 128 && cl == 1) launch<kMode, 128, 1>(op, a, b, c, sa, sb, p, max_units, ctx);
-  else if (bn == 128) launch<kMode, 128, 2>(op, a, b, c, sa, sb, p, max_units, ctx);
-  else if (cl == 1) launch<kMode, 256, 1>(op, a, b, c, sa, sb, p, max_units, ctx);
-  else launch<kMode, 256, 2>(op, a, b, c, sa, sb, p, max_units, ctx);
+                int64_t max_units, CudaContext& ctx, int bn, int cl, const SetMaps& sets = SetMaps{}) {
+  if (bn == 128 && cl == 1) launch<kMode, 128, 1>(op, a, b, c, sets, p, max_units, ctx);
+  else if (bn == 128) launch<kMode, 128, 2>(op, a, b, c, sets, p, max_units, ctx);
+  else if (cl == 1) launch<kMode, 256, 1>(op, a, b, c, sets, p, max_units, ctx);
+  else launch<kMode, 256, 2>(op, a, b, c, sets, p, max_units, ctx);
 }
 
 // Forward and dgrad share everything but B's layout: out [R, N] from in [R, K].
@@ -745,13 +781,15 @@ bool try_grouped_dgrad(const bf16* dy, const bf16* W, const int32_t* off, int64_
   return try_rows<Mode::kDgrad>("grouped_gemm_dgrad", dy, W, off, E, R, out, in, dx, ctx);
 }
 
-bool try_grouped_wgrad(const bf16* dy, const bf16* x, const int32_t* off, int64_t E, int64_t R, int64_t out,
-                       int64_t in, float* dW, CudaContext& ctx, const WgradRows2* second) {
+bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out, int64_t in, float* dW,
+                       CudaContext& ctx, bool accumulate) {
   const char* op = "grouped_gemm_wgrad";
-  if (!wants_sm90() || !shapes_ok(E, R, out, in) || !device_ok(ctx.device)) return false;
-  if (!aligned(dy, 16) || !aligned(x, 16) || !aligned(dW, 16)) return false;  // TMA bases
-  if (second && (second->R < 1 || second->R > INT32_MAX || !aligned(second->dy, 16) || !aligned(second->x, 16)))
-    return false;
+  if (nsets < 1 || !wants_sm90() || !device_ok(ctx.device)) return false;
+  for (int i = 0; i < nsets; ++i) {
+    const WgradRows& r = sets[i];
+    if (!shapes_ok(E, r.R, out, in) || !aligned(r.dy, 16) || !aligned(r.x, 16)) return false;  // TMA bases
+  }
+  if (!aligned(dW, 16)) return false;
   const int bn = tile_n(), cl = cluster_size();
   const int64_t M = out, N = in;
   const int64_t m_tiles = (M + BM - 1) / BM, n_units = ((N + bn - 1) / bn + cl - 1) / cl;
@@ -760,17 +798,15 @@ bool try_grouped_wgrad(const bf16* dy, const bf16* x, const int32_t* off, int64_
 
   // dy [R, M] and x [R, N], both read as 64 (M or N) x 64 (rows) boxes: M/N-major operands.
   const cuuint32_t box[2] = {64, BK};
-  auto operand_maps = [&](const bf16* a, const bf16* b, int64_t rows, CUtensorMap& ma, CUtensorMap& mb) {
-    const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(rows)};
+  auto operand_maps = [&](const WgradRows& r, CUtensorMap& ma, CUtensorMap& mb) {
+    const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(r.R)};
     const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(M) * 2};
-    const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(r.R)};
     const cuuint64_t b_strides[1] = {static_cast<cuuint64_t>(N) * 2};
-    return make_map(ma, op, "dy", a, 2, a_dims, a_strides, box) && make_map(mb, op, "x", b, 2, b_dims, b_strides, box);
+    return make_map(ma, op, "dy", r.dy, 2, a_dims, a_strides, box) &&
+           make_map(mb, op, "x", r.x, 2, b_dims, b_strides, box);
   };
-  CUtensorMap ma, mb, ma2, mb2;
-  if (!operand_maps(dy, x, R, ma, mb)) return false;
-  if (second && !operand_maps(second->dy, second->x, second->R, ma2, mb2)) return false;
-  // dW [E, M, N] fp32, added to in 16-column x 64-row boxes.
+  // dW [E, M, N] fp32, added to (or stored) in 16-column x 64-row boxes.
   const cuuint64_t c_dims[3] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
   const cuuint64_t c_strides[2] = {static_cast<cuuint64_t>(N) * 4, static_cast<cuuint64_t>(N * M) * 4};
   const cuuint32_t c_box[3] = {kEpiCols, 64, 1};
@@ -779,22 +815,43 @@ bool try_grouped_wgrad(const bf16* dy, const bf16* x, const int32_t* off, int64_
                 CU_TENSOR_MAP_SWIZZLE_64B))
     return false;
 
-  Params p{};
-  p.offsets = off;
-  p.offsets2 = second ? second->offsets : nullptr;
-  p.E = static_cast<int32_t>(E);
-  p.R = static_cast<int32_t>(R);
-  p.R2 = second ? static_cast<int32_t>(second->R) : 0;
-  p.N = static_cast<int32_t>(N);
-  p.K = static_cast<int32_t>(M);
-  p.n_units = static_cast<int32_t>(n_units);
-  p.m_tiles = static_cast<int32_t>(m_tiles);
-  p.m_fast = M <= N ? 1 : 0;
-  p.prefetch = 1;
-  p.fault = fault_injection();
-  p.out = dW;
-  launch_cfg<Mode::kWgrad>(op, ma, mb, mc, p, max_units, ctx, bn, cl, second ? &ma2 : nullptr,
-                           second ? &mb2 : nullptr);
+  // Sets per launch: the kernel's map slots, and (sets - 1) x E row ranges in its schedule. Every map is built
+  // before the first launch, so a geometry the driver rejects leaves dW untouched for the fallback.
+  const int per_launch = static_cast<int>(std::min<int64_t>(kMaxSets, 1 + kSetSlots / E));
+  struct Launch {
+    CUtensorMap ma, mb;
+    SetMaps rest;
+    Params p;
+  };
+  std::vector<Launch> launches;
+  for (int first = 0; first < nsets; first += per_launch) {
+    const int n = std::min(per_launch, nsets - first);
+    Launch L{};
+    if (!operand_maps(sets[first], L.ma, L.mb)) return false;
+    for (int i = 1; i < n; ++i)
+      if (!operand_maps(sets[first + i], L.rest.a[i - 1], L.rest.b[i - 1])) return false;
+    Params& p = L.p;
+    p.offsets = sets[first].offsets;
+    p.E = static_cast<int32_t>(E);
+    p.R = static_cast<int32_t>(sets[first].R);
+    p.sets = n;
+    for (int i = 0; i < n; ++i) {
+      p.set_offsets[i] = sets[first + i].offsets;
+      p.set_R[i] = static_cast<int32_t>(sets[first + i].R);
+    }
+    p.overwrite = first == 0 && !accumulate ? 1 : 0;
+    p.N = static_cast<int32_t>(N);
+    p.K = static_cast<int32_t>(M);
+    p.n_units = static_cast<int32_t>(n_units);
+    p.m_tiles = static_cast<int32_t>(m_tiles);
+    p.m_fast = M <= N ? 1 : 0;
+    p.prefetch = p.overwrite ? 0 : 1;  // nothing to read when storing
+    p.fault = fault_injection();
+    p.out = dW;
+    launches.push_back(L);
+  }
+  for (const Launch& L : launches)
+    launch_cfg<Mode::kWgrad>(op, L.ma, L.mb, mc, L.p, max_units, ctx, bn, cl, L.rest);
   note_grouped_impl("sm90");
   return true;
 }

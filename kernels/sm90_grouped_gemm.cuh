@@ -41,16 +41,17 @@ bool try_grouped_fwd(const __nv_bfloat16* x, const __nv_bfloat16* W, const int32
                      int64_t out, int64_t in, __nv_bfloat16* y, CudaContext& ctx);
 bool try_grouped_dgrad(const __nv_bfloat16* dy, const __nv_bfloat16* W, const int32_t* offsets, int64_t E,
                        int64_t R, int64_t out, int64_t in, __nv_bfloat16* dx, CudaContext& ctx);
-// A second row set for the weight gradient (e.g. the previous micro-batch's): dy [R, out], x [R, in] and its
-// expert offsets, contracted into the same dW[e] before the one read-add-write.
-struct WgradRows2 {
+// One row set of the weight gradient (e.g. one micro-batch's): dy [R, out], x [R, in] and its expert offsets.
+struct WgradRows {
   const __nv_bfloat16* dy;
   const __nv_bfloat16* x;
   const int32_t* offsets;
   int64_t R;
 };
-bool try_grouped_wgrad(const __nv_bfloat16* dy, const __nv_bfloat16* x, const int32_t* offsets, int64_t E,
-                       int64_t R, int64_t out, int64_t in, float* dW, CudaContext& ctx,
-                       const WgradRows2* second = nullptr);
+// dW[e] += (accumulate) or = (not: experts without rows get zeros) the sum over the sets, in order, of
+// dy_e^T x_e: each output tile contracts every set's rows of its expert before its one read-add-write or store.
+// Sets need R >= 1. Up to 8 sets (fewer at E > 64) run in one launch, more in several.
+bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out, int64_t in, float* dW,
+                       CudaContext& ctx, bool accumulate = true);
 
 }  // namespace mxt::sm90

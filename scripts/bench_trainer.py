@@ -46,7 +46,7 @@ def main():
     ap.add_argument("--out", default="/tmp/bench")
     ap.add_argument("--data", choices=["random", "embedded"], default=os.environ.get("BENCH_DATA", "random"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="an extra override for every mxtrain run (e.g. pair_expert_wgrad=true); repeatable")
+                    help="an extra override for every mxtrain run (e.g. expert_wgrad_micro_batches=2); repeatable")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows = []

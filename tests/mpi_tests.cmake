@@ -32,7 +32,7 @@ mxt_mpi_check(mpi_dp2_ep2_batch 4 --dp 2 --ep 2 --acc 1 --micro 2 --mode batch)
 mxt_mpi_check(mpi_ep4_aux_jitter 4 --dp 1 --ep 4 --acc 1 --aux-jitter)
 # pair_expert_wgrad with expert parallelism: held rows of one micro-batch beside the next's received rows (an odd
 # count leaves the last one unpaired).
-mxt_mpi_check(mpi_ep2_pair_wgrad 2 --dp 1 --ep 2 --acc 3 --pair-wgrad)
+mxt_mpi_check(mpi_ep2_wgrad_group 2 --dp 1 --ep 2 --acc 5 --wgrad-group 3)
 # MXFP8 (HYBRID) experts and attention projections with expert and data parallelism.
 mxt_mpi_check(mpi_dp2_ep2_fp8 4 --dp 2 --ep 2 --acc 1 --fp8)
 

@@ -47,9 +47,9 @@ struct LayerActs {
   MxBuf xe_row;                 // (Cx x d)
 };
 
-// pair_expert_wgrad: a micro-batch's expert weight-gradient operands, held from its backward until the next
-// micro-batch's, whose weight gradients then contract both in one grouped GEMM (one fp32 dW read-add-write per
-// pair of micro-batches instead of per micro-batch).
+// expert_wgrad_micro_batches > 1: a micro-batch's expert weight-gradient operands, held from its backward until
+// the last micro-batch of its group, whose weight gradients then contract every held set and its own in one
+// grouped GEMM (one fp32 dW read-add-write per group of micro-batches instead of per micro-batch).
 struct HeldWgrad {
   Tensor dye, act, dh13, xe;    // (C, d), (C, f), (C, 2f), (C, d)
   Tensor offsets;               // (El+1) I32
@@ -103,7 +103,7 @@ class MixtralModel {
   // null when allocate=false.
   MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch, int64_t seq, const ParamLayout& layout,
                bool allocate = true, const ExpertParallel& ep = {}, const Fp8Config& fp8 = {},
-               bool recompute_experts = false, bool pair_expert_wgrad = false);
+               bool recompute_experts = false, int64_t expert_wgrad_micro_batches = 1);
 
   // Point the model at its weights and gradient buffers (flat, laid out by the ParamLayout). expert_w is in the
   // activation dtype, or, with fp8_config.enabled, may be F32 (the fp32 master: the experts then read only the
@@ -115,12 +115,17 @@ class MixtralModel {
   void set_grads_done_hook(std::function<void(int)> hook) { grads_done_ = std::move(hook); }
 
   // Which micro-batch of the optimizer step the next forward_backward is (index of count): with
-  // pair_expert_wgrad an even one that is not the last holds its expert weight gradients for the next. The
-  // default (0 of 1) never holds.
-  void set_micro_batch(int64_t index, int64_t count) {
+  // expert_wgrad_micro_batches G > 1, micro-batches [jG, jG + G) form a group whose last one contracts the
+  // others' held expert weight-gradient operands. overwrite_expert_grads: the step's first group writes the
+  // expert gradients instead of adding to them (the caller did not zero them; see overwrites_expert_grads).
+  // The default (0 of 1, adding) never holds.
+  void set_micro_batch(int64_t index, int64_t count, bool overwrite_expert_grads = false) {
     mb_index_ = index;
     mb_count_ = count;
+    overwrite_grads_ = overwrite_expert_grads && overwrites_expert_grads();
   }
+  // Whether set_micro_batch's overwrite_expert_grads takes effect (the bf16 experts; the MXFP8 ones add).
+  bool overwrites_expert_grads() const { return !mx_; }
 
   // One micro-batch. loss_sum[0] += summed token cross-entropy. With compute_grad, gradients of
   // ce_scale * sum(token CE) + aux_scale * coef * aux_loss are accumulated into the gradient buffers.
@@ -174,9 +179,10 @@ class MixtralModel {
   Fp8Config fp8_;
   bool mx_ = false, mx_attn_ = false;  // expert GEMMs / attention projections in MXFP8
   bool recompute_ = false;         // recompute_experts
-  bool pair_wgrad_ = false;        // pair_expert_wgrad (bf16 experts only)
-  std::vector<HeldWgrad> held_;    // per layer, pair_expert_wgrad
+  int64_t wgrad_group_ = 1;        // expert_wgrad_micro_batches (bf16 experts only)
+  std::vector<std::vector<HeldWgrad>> held_;  // [layer][slot]: wgrad_group_ - 1 held micro-batches
   int64_t mb_index_ = 0, mb_count_ = 1;
+  bool overwrite_grads_ = false;   // the step's first group writes the expert gradients
   LayerMxWeights mx_col_;          // cache_columnwise_weights=false: every layer's columnwise copies, shared
   std::function<void(int)> grads_done_;
   mxfp8::Format mx_fwd_ = mxfp8::Format::E4M3, mx_grad_ = mxfp8::Format::E4M3;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "mxtrain/tensor.hpp"
 
@@ -163,12 +164,15 @@ class Ops {
   // dW[e] += dy_e^T @ x_e                          dW [E,out,in] (accumulate)
   virtual void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                   const Tensor& dW) = 0;
-  // dW[e] += dy_e^T @ x_e + dy2_e^T @ x2_e: two row sets (two micro-batches) into one read-add-write of dW.
-  // Equal to the two single calls up to fp32 summation order; by default it is those two calls.
-  virtual void grouped_gemm_wgrad2(const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& dy2,
-                                   const Tensor& x2, const Tensor& offsets2, const Tensor& dW) {
-    grouped_gemm_wgrad(dy, x, offsets, dW);
-    grouped_gemm_wgrad(dy2, x2, offsets2, dW);
+  // The weight gradient over several row sets (e.g. micro-batches) into one pass over dW: dW[e] += (accumulate)
+  // or = (not; an expert without rows gets zeros) the sets' dy_e^T @ x_e summed in order. Equal to the single
+  // calls up to fp32 summation order; by default it is those calls (after zeroing dW when not accumulating).
+  struct WgradRowSet {
+    Tensor dy, x, offsets;
+  };
+  virtual void grouped_gemm_wgrad_sets(const std::vector<WgradRowSet>& sets, const Tensor& dW, bool accumulate) {
+    if (!accumulate) zero(dW);
+    for (const WgradRowSet& r : sets) grouped_gemm_wgrad(r.dy, r.x, r.offsets, dW);
   }
 
   // ---- MXFP8 (fp8_config.enabled; formats, layouts and operand directions: mxtrain/mxfp8.hpp) ----------

@@ -241,7 +241,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.output_dir = r.s("output_dir");
   c.init_from_pretrained = r.s("init_from_pretrained");
   c.recompute_experts = r.b("recompute_experts");
-  c.pair_expert_wgrad = r.b("pair_expert_wgrad");
+  c.expert_wgrad_micro_batches = r.i("expert_wgrad_micro_batches");
   c.lm_head_chunk_tokens = r.i("lm_head_chunk_tokens");
   c.cuda_graphs = r.b("cuda_graphs");
   c.parallelism.dp_size = r.i("parallelism.dp_size");
@@ -292,6 +292,7 @@ void check_fp8_shapes(const TrainConfig& c) {
 void check_rest(TrainConfig& c) {
   require_positive(c.num_train_steps, "num_train_steps");
   require_positive(c.lm_head_chunk_tokens, "lm_head_chunk_tokens");
+  require_positive(c.expert_wgrad_micro_batches, "expert_wgrad_micro_batches");
   require(c.grad_acc_steps >= 1, fmt::format("grad_acc_steps must be >= 1, got {}", c.grad_acc_steps));
   require_one_of(c.backend, {"auto", "cpu", "cuda"}, "backend");
   require_one_of(c.checkpoint.final_model_dtype, {"float32", "bfloat16"}, "checkpoint.final_model_dtype");

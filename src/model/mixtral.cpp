@@ -14,7 +14,7 @@ namespace mxt {
 
 MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch, int64_t seq,
                            const ParamLayout& layout, bool allocate, const ExpertParallel& ep, const Fp8Config& fp8,
-                           bool recompute_experts, bool pair_expert_wgrad)
+                           bool recompute_experts, int64_t expert_wgrad_micro_batches)
     : cfg_(cfg), ops_(ops), B_(micro_batch), S_(seq), ep_(ep), fp8_(fp8), recompute_(recompute_experts),
       layout_(layout) {
   T_ = B_ * S_;
@@ -40,7 +40,7 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   C_ = ep_on ? ep_capacity_rows(T_, k_, E_, ep_.size, ep_.capacity_factor) : R_;
   if (const char* s = std::getenv("MXTRAIN_OVERLAP_SMS")) overlap_sms_ = std::max(0, std::atoi(s));
   mx_ = fp8.enabled;
-  pair_wgrad_ = pair_expert_wgrad && !mx_;  // the MXFP8 experts have their own wgrad kernels
+  wgrad_group_ = mx_ ? 1 : std::max<int64_t>(1, expert_wgrad_micro_batches);  // MXFP8: their own wgrad kernels
   mx_attn_ = mx_ && !fp8.keep_attention_bf16;
   Cx_ = mx_ ? (C_ + 31) / 32 * 32 : C_;
   const int64_t hd = cfg.head_dim(), H = cfg.num_attention_heads, KVH = cfg.num_key_value_heads;
@@ -85,11 +85,12 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
     if (!recompute_) arena_.add(a.h13, p + "expert_h13", A, {C_, 2 * f_});
     if (!mx_ && !recompute_) arena_.add(a.act, p + "expert_act", A, {C_, f_});
   }
-  if (pair_wgrad_) {
-    held_.resize(acts_.size());
-    for (size_t l = 0; l < held_.size(); ++l) {
-      HeldWgrad& h = held_[l];
-      const std::string p = "layer" + std::to_string(l) + ".held_wgrad_";
+  held_.resize(wgrad_group_ > 1 ? acts_.size() : 0);
+  for (size_t l = 0; l < held_.size(); ++l) {
+    held_[l].resize(static_cast<size_t>(wgrad_group_ - 1));
+    for (size_t s = 0; s < held_[l].size(); ++s) {
+      HeldWgrad& h = held_[l][s];
+      const std::string p = "layer" + std::to_string(l) + ".held_wgrad" + std::to_string(s) + "_";
       arena_.add(h.dye, p + "dexpert_out", A, {C_, d_});
       arena_.add(h.act, p + "expert_act", A, {C_, f_});
       arena_.add(h.dh13, p + "dexpert_h13", A, {C_, 2 * f_});

@@ -66,27 +66,29 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   ops_.add(a.x_mid, s_.tmp, l + 1 < static_cast<int>(acts_.size()) ? acts_[l + 1].x_in : x_final_);
 }
 
-// bf16 experts' backward on n rows. With pair_expert_wgrad, an even micro-batch that is not the step's last
-// keeps its weight-gradient operands (dh13 written straight into the held buffer, the rest copied) and the next
-// micro-batch contracts both row sets per expert in one grouped GEMM (the held set first: the order of the
-// unpaired accumulation, which the two-call fallback then reproduces bit for bit).
+// bf16 experts' backward on n rows. With expert_wgrad_micro_batches G > 1, every micro-batch of a group but its
+// last (and the step's last) keeps its weight-gradient operands (dh13 written straight into the held buffer, the
+// rest copied) and the group's last contracts all held row sets and its own per expert in one grouped GEMM (the
+// held sets first, in micro-batch order: the order of the ungrouped accumulation, which the per-set fallback then
+// reproduces bit for bit).
 void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const std::function<void()>& combine) {
   const LayerActs& a = acts_[l];
   const LayerTensors& w = w_.layers[l];
   const LayerTensors& g = g_.layers[l];
-  static const HeldWgrad kNothingHeld;
-  const bool hold = pair_wgrad_ && mb_index_ % 2 == 0 && mb_index_ + 1 < mb_count_;
-  HeldWgrad* h = pair_wgrad_ ? &held_[l] : nullptr;
-  const HeldWgrad& prev = h && !hold ? *h : kNothingHeld;  // the previous micro-batch's rows, contracted here
-  // dW += this micro-batch's rows and the held ones, whichever exist (a rank may receive none).
-  auto wgrad = [&](const Tensor& dy, const Tensor& x, const Tensor& hdy, const Tensor& hx, const Tensor& dW) {
-    const int64_t m = prev.rows;
-    if (n > 0 && m > 0)
-      ops_.grouped_gemm_wgrad2(hdy.rows(0, m), hx.rows(0, m), prev.offsets, dy.rows(0, n), x.rows(0, n), off, dW);
-    else if (n > 0)
-      ops_.grouped_gemm_wgrad(dy.rows(0, n), x.rows(0, n), off, dW);
-    else if (m > 0)
-      ops_.grouped_gemm_wgrad(hdy.rows(0, m), hx.rows(0, m), prev.offsets, dW);
+  const int64_t first = mb_index_ / wgrad_group_ * wgrad_group_, slot = mb_index_ - first;
+  const bool hold = slot + 1 < wgrad_group_ && mb_index_ + 1 < mb_count_;
+  const bool accumulate = !(overwrite_grads_ && first == 0);
+  HeldWgrad* h = hold ? &held_[l][static_cast<size_t>(slot)] : nullptr;
+  // dW (+)= the held sets' rows and this micro-batch's, whichever exist (a rank may receive none).
+  auto wgrad = [&](const Tensor& dy, const Tensor& x, Tensor HeldWgrad::*hdy, Tensor HeldWgrad::*hx,
+                   const Tensor& dW) {
+    std::vector<Ops::WgradRowSet> sets;
+    for (int64_t s = 0; s < slot; ++s) {
+      const HeldWgrad& p = held_[l][static_cast<size_t>(s)];
+      if (p.rows > 0) sets.push_back({(p.*hdy).rows(0, p.rows), (p.*hx).rows(0, p.rows), p.offsets});
+    }
+    if (n > 0) sets.push_back({dy.rows(0, n), x.rows(0, n), off});
+    ops_.grouped_gemm_wgrad_sets(sets, dW, accumulate);
   };
   if (n > 0 && hold) {
     ops_.copy(s_.dye.rows(0, n), h->dye.rows(0, n));
@@ -100,18 +102,20 @@ void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const s
     combine();
   } else if (n > 0) {
     ops_.grouped_gemm_dgrad(s_.dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
-    wgrad(s_.dye, a.act, prev.dye, prev.act, g.w2);
+    wgrad(s_.dye, a.act, &HeldWgrad::dye, &HeldWgrad::act, g.w2);
     ops_.swiglu_backward(s_.dact.rows(0, n), a.h13.rows(0, n), a.we.rows(0, n), s_.dh13.rows(0, n),
                          s_.dwe.rows(0, n));
     ops_.grouped_gemm_dgrad(s_.dh13.rows(0, n), w.w13, off, s_.dxe.rows(0, n));
     combine();
-    wgrad(s_.dh13, a.xe, prev.dh13, prev.xe, g.w13);
-  } else {  // no rows of this micro-batch's own: the held ones alone, if any
+    wgrad(s_.dh13, a.xe, &HeldWgrad::dh13, &HeldWgrad::xe, g.w13);
+  } else {  // no rows of this micro-batch's own: the held ones alone, if any (or zeros, when overwriting)
     combine();
-    wgrad(s_.dye, a.act, prev.dye, prev.act, g.w2);
-    wgrad(s_.dh13, a.xe, prev.dh13, prev.xe, g.w13);
+    if (!hold) {
+      wgrad(s_.dye, a.act, &HeldWgrad::dye, &HeldWgrad::act, g.w2);
+      wgrad(s_.dh13, a.xe, &HeldWgrad::dh13, &HeldWgrad::xe, g.w13);
+    }
   }
-  if (h) h->rows = hold ? n : 0;
+  if (h) h->rows = n;
 }
 
 void MixtralModel::moe_backward(int l) {

@@ -26,10 +26,10 @@ namespace mxt {
 namespace {
 int64_t local_experts(const TrainConfig& c) { return c.model.num_local_experts / c.parallelism.ep_size; }
 
-// Whether pair_expert_wgrad takes effect: one micro-batch per step never holds one for the next, and the MXFP8
-// experts have their own weight-gradient kernels.
-bool pairs_expert_wgrad(const TrainConfig& cfg) {
-  return cfg.pair_expert_wgrad && cfg.grad_acc_steps > 1 && !cfg.fp8.enabled;
+// Micro-batches per expert weight-gradient GEMM as it takes effect: at most the step's, and 1 for the MXFP8
+// experts (their own weight-gradient kernels).
+int64_t expert_wgrad_group(const TrainConfig& cfg) {
+  return cfg.fp8.enabled ? 1 : std::max<int64_t>(1, std::min(cfg.expert_wgrad_micro_batches, cfg.grad_acc_steps));
 }
 
 std::shared_ptr<ProcessGroups> checked_groups(const TrainConfig& c, std::shared_ptr<ProcessGroups> g) {
@@ -121,7 +121,7 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
                           cfg.parallelism.ep_overlap};
   model_ = std::make_unique<MixtralModel>(cfg.model, ops_, cfg.dataset.micro_batch_size,
                                           cfg.dataset.max_seq_length, layout_, true, ep, cfg.fp8,
-                                          cfg.recompute_experts, pairs_expert_wgrad(cfg));
+                                          cfg.recompute_experts, expert_wgrad_group(cfg));
   model_->bind(dense_.working, expert_weights(), dense_.grad, expert_.grad);
   if (!cfg.checkpoint.ckpt_dir.empty())
     ckpt_ = std::make_unique<Checkpointer>(cfg, world_ > 1 ? make_mpi_ckpt_comm() : nullptr);
@@ -250,7 +250,15 @@ StepResult Trainer::train_step() {
     if (rank_ == 0) spdlog::info("cuda_graphs: each micro-batch's forward + backward captured once, then replayed");
   }
   ops_.zero(dense_.grad);
-  ops_.zero(expert_.grad);
+  // The bf16 experts' first weight-gradient GEMM of the step stores its sums: no zeroing, no first read (only
+  // the sharding padding past the experts' gradients is zeroed).
+  const bool overwrite = model_->overwrites_expert_grads();
+  if (overwrite) {
+    const int64_t numel = layout_.expert_numel, padded = expert_.grad.numel();
+    if (padded > numel) ops_.zero(expert_.grad.rows(numel, padded - numel));
+  } else {
+    ops_.zero(expert_.grad);
+  }
   ops_.zero(loss_slots_);
   std::vector<int64_t> n_valid(acc);
   double aux_sum = 0;
@@ -267,7 +275,7 @@ StepResult Trainer::train_step() {
     TraceScope trace("micro_batch " + std::to_string(i));
     const bool overlap = i == acc - 1 && cfg_.parallelism.overlap_grad_reduce;
     if (overlap) model_->set_grads_done_hook([this](int part) { start_grad_reduce(part); });
-    model_->set_micro_batch(i, acc);
+    model_->set_micro_batch(i, acc, overwrite);
     aux_sum += forward_backward_graphed(i, ce_scale, 1.f / static_cast<float>(micro_total), jitter_seed);
     if (overlap) model_->set_grads_done_hook({});
   }
@@ -518,6 +526,7 @@ void Trainer::dump_first_batch(const std::string& dir) {
   ops_.zero(dense_.grad);
   ops_.zero(expert_.grad);
   ops_.zero(loss_slots_);
+  model_->set_micro_batch(0, 1);
   load_batch(loader_);
   const float ce_scale = 1.f / static_cast<float>(std::max<int64_t>(1, n_valid_));
   const double aux = model_->forward_backward(mb_, ce_scale, 1.f, loss_slots_.rows(0, 1), true, cfg_.seed);
@@ -610,7 +619,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
                           cfg.parallelism.ep_capacity_factor, cfg.parallelism.ep_overlap};
   PlanningOps ops(act_dtype);
   MixtralModel planned(cfg.model, ops, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length, layout, false, ep,
-                       cfg.fp8, cfg.recompute_experts, pairs_expert_wgrad(cfg));
+                       cfg.fp8, cfg.recompute_experts, expert_wgrad_group(cfg));
   p.activation_bytes = planned.arena().total_bytes();
   p.fp8_weight_bytes = planned.mx_weight_arena().total_bytes();
   // The LM-head loss's logits chunk (the backend's activation dtype) and its per-token losses.
@@ -661,9 +670,11 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
                                        gib(p.fp8_weight_bytes))
                          : std::string(),
       std::string(cfg.recompute_experts ? "; the experts' h13 and SwiGLU output recomputed in the backward" : "") +
-          (pairs_expert_wgrad(cfg) ? "; one micro-batch's expert weight-gradient operands held per layer "
-                                     "(pair_expert_wgrad)"
-                                   : ""),
+          (expert_wgrad_group(cfg) > 1
+               ? fmt::format("; {} micro-batches' expert weight-gradient operands held per layer "
+                             "(expert_wgrad_micro_batches)",
+                             expert_wgrad_group(cfg) - 1)
+               : std::string()),
       gib(p.activation_bytes), p.lm_head_rows, gib(p.scratch_bytes), gib(p.total_bytes()));
   for (const auto& [name, bytes] : p.largest) s += fmt::format("    {:<28} {:10.1f} MiB\n", name, bytes / 1048576.0);
   return s;
@@ -678,8 +689,8 @@ std::string plan_fit_problem(const TrainConfig& cfg, const MemoryPlan& p, size_t
       gib(p.total_bytes()), gib(kPlanHeadroom), gib(free_bytes), gib(p.param_bytes), gib(p.fp8_weight_bytes),
       gib(p.activation_bytes), gib(p.scratch_bytes));
   if (!cfg.recompute_experts) s += " recompute_experts=true (the experts' h13 and SwiGLU output rebuilt in the backward);";
-  if (pairs_expert_wgrad(cfg))
-    s += " pair_expert_wgrad=false (no micro-batch of expert operands held per layer);";
+  if (expert_wgrad_group(cfg) > 1)
+    s += " expert_wgrad_micro_batches=1 (no micro-batch of expert operands held per layer);";
   if (cfg.fp8.enabled && cfg.fp8.cache_columnwise_weights)
     s += " fp8_config.cache_columnwise_weights=false (dgrad weight copies one layer at a time);";
   if (cfg.lm_head_chunk_tokens > 1024) s += " lm_head_chunk_tokens=1024;";

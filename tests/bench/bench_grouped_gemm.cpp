@@ -221,26 +221,33 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       add_row(v.name, t, note);
     }
     if (op.kind == 2) {
-      // pair_expert_wgrad's launch: the same rows as two row sets (two micro-batches' worth, twice the FLOPs)
-      // into one read-add-write of dW, beside the two single calls it replaces.
+      // expert_wgrad_micro_batches's launch: the same rows as G row sets (G micro-batches' worth, G times the
+      // FLOPs) into one read-add-write of dW, beside the G single calls it replaces; and as the step's first group,
+      // which stores dW instead.
       mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
       mxt::sm90::set_grouped_tile_n(256);
       mxt::sm90::set_grouped_cluster(1);
-      auto paired = [&](const Tensor& dst) {
-        ops.grouped_gemm_wgrad2(*op.in, *op.x2, OFF.t, *op.in, *op.x2, OFF.t, dst);
-      };
-      ops.zero(out1);
-      ops.zero(out2);
-      paired(out1);
-      const std::string path = mxt::sm90::last_grouped_impl();
-      grouped(out2);
-      grouped(out2);
-      const double err = rel_l2_device(ops, out1, out2, acc2.t);
-      char note[96];
-      std::snprintf(note, sizeof(note), "rel L2 vs 2 single calls %.2e%s", err, path == "sm90" ? "" : " (FELL BACK)");
-      const Timing t = time_it(st, flush, flush_bytes, 3, runs, [&] { paired(out1); });
-      rows.push_back(Row{s.name, op.name, "sm90 two row sets (2x rows)", t, 2 * flops / (t.median_ms * 1e-3) / 1e12,
-                         0, 0, note});
+      for (const int sets : {2, 4, 8}) {
+        for (const bool accumulate : {true, false}) {
+          if (sets != 8 && !accumulate) continue;
+          const std::vector<mxt::Ops::WgradRowSet> rs(sets, mxt::Ops::WgradRowSet{*op.in, *op.x2, OFF.t});
+          auto grouped_sets = [&](const Tensor& dst) { ops.grouped_gemm_wgrad_sets(rs, dst, accumulate); };
+          ops.zero(out1);
+          ops.zero(out2);
+          grouped_sets(out1);
+          const std::string path = mxt::sm90::last_grouped_impl();
+          for (int k = 0; k < sets; ++k) grouped(out2);
+          const double err = rel_l2_device(ops, out1, out2, acc2.t);
+          char note[96];
+          std::snprintf(note, sizeof(note), "rel L2 vs %d single calls %.2e%s", sets, err,
+                        path == "sm90" ? "" : " (FELL BACK)");
+          const Timing t = time_it(st, flush, flush_bytes, 3, runs, [&] { grouped_sets(out1); });
+          char name[64];
+          std::snprintf(name, sizeof(name), "sm90 %d row sets%s (%dx rows)", sets, accumulate ? "" : ", store",
+                        sets);
+          rows.push_back(Row{s.name, op.name, name, t, sets * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
+        }
+      }
     }
     if (with_wmma) {
       mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Wmma);

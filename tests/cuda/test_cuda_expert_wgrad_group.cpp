@@ -1,0 +1,181 @@
+// The expert weight gradient over several row sets (grouped_gemm_wgrad_sets, expert_wgrad_micro_batches): one
+// Hopper launch contracts each expert's rows of every set into dW[e] before its one read-add-write, or its one
+// store when the call overwrites. Against the CPU twin (a zeroing when overwriting, then the single calls) on
+// fresh random inputs: uneven loads, an expert empty in some sets or in all (accumulating: its dW bit for bit
+// unchanged; overwriting: exact zeros), loads that are not multiples of the 64-row k-block, NaN padding rows, up
+// to 9 sets (two launches), more experts than one launch's schedule holds for all sets, both tile widths and
+// cluster sizes; then trainer runs grouped and ungrouped. Tolerance: inputs are bf16-exact, so only the fp32
+// summation order differs (rel L2 < 1e-5, the project's fp32 tolerance). Skips without an sm_90 GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "sm90_grouped_gemm.cuh"
+#include "tiny_config.hpp"
+#include "trained_run.hpp"
+#include "mxtrain/data.hpp"
+#include "mxtrain/trainer.hpp"
+
+namespace mxt::testing {
+namespace {
+
+struct Guard {
+  ~Guard() {
+    sm90::set_grouped_tile_n(0);
+    sm90::set_grouped_cluster(0);
+  }
+};
+
+// One row set: per-expert loads, padding rows past the last expert (NaN in dy and x).
+struct RowSet {
+  std::vector<int32_t> loads;
+  int64_t padding;
+  std::vector<int32_t> off;
+  std::vector<float> dy, x;
+  int64_t R = 0;
+};
+
+RowSet make_set(std::vector<int32_t> loads, int64_t padding, int64_t out, int64_t in, uint32_t seed) {
+  RowSet s{std::move(loads), padding, {0}, {}, {}};
+  for (int32_t n : s.loads) s.off.push_back(s.off.back() + n);
+  const int64_t used = s.off.back();
+  s.R = used + padding;
+  s.dy = randn(s.R * out, seed);
+  s.x = randn(s.R * in, seed + 1);
+  round_bf16(s.dy);
+  round_bf16(s.x);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t i = used * out; i < s.R * out; ++i) s.dy[i] = nan;
+  for (int64_t i = used * in; i < s.R * in; ++i) s.x[i] = nan;
+  return s;
+}
+
+void check_sets(Ops& gpu, Ops& cpu, int64_t out, int64_t in, std::vector<RowSet> sets, uint32_t seed,
+                bool with_variants = true) {
+  const int64_t E = static_cast<int64_t>(sets[0].loads.size());
+  auto dw0 = randn(E * out * in, seed);
+  for (const bool accumulate : {true, false}) {
+    std::vector<float> ref = dw0;
+    std::vector<Ops::WgradRowSet> host_sets;
+    for (RowSet& r : sets)
+      host_sets.push_back({host(r.dy, {r.R, out}), host(r.x, {r.R, in}), host_i32(r.off, {E + 1})});
+    cpu.grouped_gemm_wgrad_sets(host_sets, host(ref, {E, out, in}), accumulate);
+    for (int bn : {256, 128}) {
+      for (int cl : {1, 2}) {
+        if (!with_variants && (bn != 256 || cl != 1)) continue;
+        SCOPED_TRACE("out " + std::to_string(out) + " in " + std::to_string(in) + " sets " +
+                     std::to_string(sets.size()) + " BN " + std::to_string(bn) + " cluster " + std::to_string(cl) +
+                     (accumulate ? " accumulating" : " overwriting"));
+        Guard guard;
+        sm90::set_grouped_tile_n(bn);
+        sm90::set_grouped_cluster(cl);
+        std::vector<DeviceTensor> keep;
+        std::vector<Ops::WgradRowSet> dev_sets;
+        for (const RowSet& r : sets) {
+          keep.push_back(upload(gpu, r.dy, DType::BF16, {r.R, out}));
+          keep.push_back(upload(gpu, r.x, DType::BF16, {r.R, in}));
+          keep.push_back(upload_i32(gpu, r.off, {E + 1}));
+          dev_sets.push_back({keep[keep.size() - 3].t, keep[keep.size() - 2].t, keep.back().t});
+        }
+        auto DW = upload(gpu, dw0, DType::F32, {E, out, in});
+        sm90::note_grouped_impl("none");
+        gpu.grouped_gemm_wgrad_sets(dev_sets, DW, accumulate);
+        EXPECT_STREQ(sm90::last_grouped_impl(), "sm90");
+        const std::vector<float> got = download(gpu, DW);
+        EXPECT_CLOSE_REL(got, ref, 1e-5);
+        for (int64_t e = 0; e < E; ++e) {
+          bool empty = true;
+          for (const RowSet& r : sets) empty = empty && r.loads[e] == 0;
+          if (!empty) continue;
+          int64_t wrong = 0;
+          for (int64_t i = e * out * in; i < (e + 1) * out * in; ++i)
+            wrong += accumulate ? std::memcmp(&got[i], &dw0[i], 4) != 0 : got[i] != 0.f;
+          EXPECT_EQ(wrong, 0) << "dW of expert " << e << " (no rows in any set) "
+                              << (accumulate ? "changed" : "is not zero");
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaExpertWgradGroup, RowSetsAgainstTheSingleCalls) {
+  MXT_REQUIRE_SM90();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  // expert 1 empty in the first set only, expert 3 in the second only, expert 4 in both
+  check_sets(*gpu, *cpu, 136, 72,
+             {make_set({37, 0, 101, 64, 0, 130}, 3, 136, 72, 1), make_set({5, 66, 0, 0, 0, 191}, 0, 136, 72, 3)}, 5);
+  // a set with no rows at all beside one with rows; single rows
+  check_sets(*gpu, *cpu, 64, 64, {make_set({0, 0, 0}, 7, 64, 64, 7), make_set({1, 300, 2}, 1, 64, 64, 9)}, 11);
+  // three and eight sets (one launch), nine (two launches); expert 2 empty in all of them
+  for (const int n : {3, 8, 9}) {
+    std::vector<RowSet> sets;
+    for (int i = 0; i < n; ++i)
+      sets.push_back(make_set({17 * i + 3, 64 * (i % 3), 0, 130 - 9 * i}, i % 2 ? 5 : 0, 128, 200, 21 + 2 * i));
+    check_sets(*gpu, *cpu, 128, 200, sets, 40 + n);
+  }
+  // 100 experts: only 5 sets fit one launch's schedule, so 6 take two launches
+  {
+    std::vector<RowSet> sets;
+    for (int i = 0; i < 6; ++i) {
+      std::vector<int32_t> loads(100);
+      for (int e = 0; e < 100; ++e) loads[e] = (e * 7 + i * 13) % 23 == 0 ? 0 : (e * 5 + i * 3) % 41;
+      loads[9] = 0;
+      sets.push_back(make_set(loads, 2, 64, 64, 60 + 2 * i));
+    }
+    check_sets(*gpu, *cpu, 64, 64, sets, 77, false);
+  }
+  // the 8x1B w2 shape, rows as one micro-batch splits them (fewer, to keep the host reference quick)
+  check_sets(*gpu, *cpu, 2048, 4096,
+             {make_set({300, 0, 677, 290}, 24, 2048, 4096, 13), make_set({250, 410, 380, 1}, 0, 2048, 4096, 15)}, 17,
+             false);
+}
+
+TrainedRun train(int64_t group, int64_t acc, bool graphs) {
+  TrainConfig c = tiny_config("mxtrain_test_cuda_expert_wgrad_group", 64, 128);
+  c.num_train_steps = 6;
+  c.grad_acc_steps = acc;
+  c.lr_scheduler = {2, 4, 0.1};
+  c.expert_wgrad_micro_batches = group;
+  c.cuda_graphs = graphs;
+  auto gpu = make_cuda_ops();
+  return train_to_end(c, *gpu);
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// The trainer with groups of 2 and of the whole step follows the ungrouped run (eager and replayed graphs; an
+// odd accumulation count leaves a short last group): only fp32 summation order differs in the expert gradients.
+TEST(CudaExpertWgradGroup, TrainingFollowsTheUngroupedRun) {
+  MXT_REQUIRE_GPU();
+  for (const int64_t acc : {2, 3}) {
+    for (const bool graphs : {false, true}) {
+      const TrainedRun off = train(1, acc, graphs);
+      EXPECT_LT(off.losses.back(), off.losses.front());
+      for (const int64_t group : {int64_t{2}, acc}) {
+        SCOPED_TRACE("grad_acc_steps " + std::to_string(acc) + ", group " + std::to_string(group) +
+                     (graphs ? ", cuda_graphs" : ", eager"));
+        const TrainedRun on = train(group, acc, graphs);
+        ASSERT_EQ(off.losses.size(), on.losses.size());
+        EXPECT_EQ(off.losses.front(), on.losses.front());  // the first step's forward sees the same weights
+        for (size_t i = 0; i < off.losses.size(); ++i)
+          EXPECT_NEAR(on.losses[i], off.losses[i], 1e-3 * std::abs(off.losses[i])) << "step " << i + 1;
+        EXPECT_LT(max_rel(on.expert, off.expert), 1e-3);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mxt::testing

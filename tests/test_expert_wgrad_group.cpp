@@ -1,0 +1,182 @@
+// expert_wgrad_micro_batches G: every micro-batch of a group but its last holds its expert weight-gradient
+// operands and the group's last contracts them all in one grouped GEMM; the step's first group stores dW instead
+// of adding to it (the trainer no longer zeroes the expert gradients). On the CPU backend the grouped op is the
+// single calls in micro-batch order after a zeroing, so training is bit for bit the ungrouped run's; the CUDA
+// kernel's fp32 summation order is tested on the GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "plan_util.hpp"
+#include "tiny_config.hpp"
+#include "trained_run.hpp"
+#include "mxtrain/comm.hpp"
+#include "mxtrain/config.hpp"
+#include "mxtrain/data.hpp"
+#include "mxtrain/model.hpp"
+#include "mxtrain/ops.hpp"
+#include "mxtrain/params.hpp"
+#include "mxtrain/trainer.hpp"
+
+namespace mxt::testing {
+namespace {
+
+TrainConfig config(int64_t group, int64_t acc) {
+  TrainConfig c = tiny_config("mxtrain_test_expert_wgrad_group", 32, 48);
+  c.num_train_steps = 5;
+  c.grad_acc_steps = acc;
+  c.lr_scheduler = {1, 4, 0.1};
+  c.expert_wgrad_micro_batches = group;
+  return c;
+}
+
+TrainedRun train(const TrainConfig& c) {
+  auto ops = make_cpu_ops();
+  return train_to_end(c, *ops);
+}
+
+void expect_same(const TrainedRun& a, const TrainedRun& b) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << "step " << i + 1;
+  ASSERT_EQ(a.expert.size(), b.expert.size());
+  EXPECT_EQ(0, std::memcmp(a.expert.data(), b.expert.data(), a.expert.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.dense.data(), b.dense.data(), a.dense.size() * sizeof(float)));
+}
+
+// Groups that divide the step, that do not (a short last group), larger than the step, and one micro-batch per
+// step (nothing is ever held); with the experts' activations recomputed in the backward too.
+TEST(ExpertWgradGroup, TrainsBitForBitLikeSingleWeightGradients) {
+  for (const int64_t acc : {1, 2, 3, 4}) {
+    for (const int64_t group : {2, 3, 8}) {
+      for (const bool recompute : {false, true}) {
+        SCOPED_TRACE("grad_acc_steps " + std::to_string(acc) + ", group " + std::to_string(group) +
+                     (recompute ? ", recompute_experts" : ""));
+        TrainConfig off = config(1, acc), on = config(group, acc);
+        off.recompute_experts = on.recompute_experts = recompute;
+        const TrainedRun a = train(off), b = train(on);
+        expect_same(a, b);
+        EXPECT_LT(a.losses.back(), a.losses.front()) << "the run did not train";
+      }
+    }
+  }
+}
+
+// The model on its own: expert gradients that start as NaN and are overwritten by the step's first group equal
+// zeroed ones added to, bit for bit, for every grouping of a 5-micro-batch step (and the dense gradients, which
+// are always added to, are untouched by the choice).
+TEST(ExpertWgradGroup, FirstGroupOverwritesTheExpertGradients) {
+  const ModelConfig cfg = tiny_model(37, 16, 24, 16);
+  const ParamLayout layout = ParamLayout::build(cfg, 0, cfg.num_local_experts);
+  std::vector<float> dense, expert;
+  init_params_host(layout, cfg, 7, dense, expert);
+  const int64_t B = 2, S = 8, acc = 5;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> tok(0, static_cast<int>(cfg.vocab_size) - 1);
+  std::vector<std::vector<int32_t>> ids(acc), labels(acc);
+  std::vector<int32_t> pos;
+  for (int64_t i = 0; i < B * S; ++i) pos.push_back(static_cast<int32_t>(i % S));
+  for (int64_t m = 0; m < acc; ++m)
+    for (int64_t i = 0; i < B * S; ++i) {
+      ids[m].push_back(tok(rng));
+      labels[m].push_back(tok(rng));
+    }
+  auto grads = [&](int64_t group, bool overwrite, std::vector<float>& gd, std::vector<float>& ge) {
+    auto ops = make_cpu_ops();
+    MixtralModel model(cfg, *ops, B, S, layout, true, {}, {}, false, group);
+    EXPECT_TRUE(model.overwrites_expert_grads());
+    gd.assign(dense.size(), 0.f);
+    ge.assign(expert.size(), overwrite ? std::numeric_limits<float>::quiet_NaN() : 0.f);
+    model.bind(Tensor(dense.data(), DType::F32, {(int64_t)dense.size()}),
+               Tensor(expert.data(), DType::F32, {(int64_t)expert.size()}),
+               Tensor(gd.data(), DType::F32, {(int64_t)gd.size()}), Tensor(ge.data(), DType::F32, {(int64_t)ge.size()}));
+    for (int64_t m = 0; m < acc; ++m) {
+      model.set_micro_batch(m, acc, overwrite);
+      MicroBatch mb{Tensor(ids[m].data(), DType::I32, {B * S}), Tensor(labels[m].data(), DType::I32, {B * S}),
+                    Tensor(pos.data(), DType::I32, {B * S})};
+      float sum = 0;
+      model.forward_backward(mb, 1.f / (B * S), 1.f, Tensor(&sum, DType::F32, {1}), true, 1234);
+    }
+  };
+  std::vector<float> ref_d, ref_e;
+  grads(1, false, ref_d, ref_e);
+  double norm = 0;
+  for (float g : ref_e) norm += static_cast<double>(g) * g;
+  EXPECT_GT(norm, 0.0) << "the expert gradients are all zero: nothing is tested";
+  for (const int64_t group : {1, 2, 3, 5}) {
+    SCOPED_TRACE("group " + std::to_string(group));
+    std::vector<float> gd, ge;
+    grads(group, true, gd, ge);
+    EXPECT_EQ(0, std::memcmp(ge.data(), ref_e.data(), ge.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(gd.data(), ref_d.data(), gd.size() * sizeof(float)));
+  }
+}
+
+// Under MXFP8 the experts use their own weight-gradient kernels: the key changes nothing, and the trainer zeroes
+// their gradients as before.
+TEST(ExpertWgradGroup, IgnoredWithMxfp8) {
+  TrainConfig off = config(1, 2), on = config(2, 2);
+  off.fp8.enabled = on.fp8.enabled = true;
+  off.model.hidden_size = on.model.hidden_size = 64;  // MXFP8 wants multiples of 32
+  off.model.intermediate_size = on.model.intermediate_size = 128;
+  expect_same(train(off), train(on));
+  EXPECT_EQ(plan_memory(off, DType::BF16).activation_bytes, plan_memory(on, DType::BF16).activation_bytes);
+}
+
+// The plan holds G - 1 micro-batches' expert operands per layer: dy and x (C x d each), the SwiGLU output (C x f),
+// dh13 (C x 2f), and the expert offsets; G is capped at grad_acc_steps.
+TEST(ExpertWgradGroup, PlanHoldsGroupMinusOneMicroBatchesOfExpertOperandsPerLayer) {
+  auto buf = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  for (const int ep : {1, 2}) {
+    for (const int64_t group : {2, 3, 4, 9}) {
+      TrainConfig off = config(1, 4), on = config(group, 4);
+      off.parallelism.ep_size = on.parallelism.ep_size = ep;
+      const ModelConfig& m = on.model;
+      const int64_t L = m.num_hidden_layers, d = m.hidden_size, f = m.intermediate_size, k = m.num_experts_per_tok;
+      const int64_t T = on.dataset.micro_batch_size * on.dataset.max_seq_length, R = T * k, a = 2;
+      const int64_t C = ep > 1 ? ep_capacity_rows(T, k, m.num_local_experts, ep, 0.0) : R;
+      const int64_t El = m.num_local_experts / ep;
+      const int64_t per_set = 2 * buf(C * d * a) + buf(C * f * a) + buf(C * 2 * f * a) + buf((El + 1) * 4);
+      const int64_t held = std::min<int64_t>(group, 4) - 1;
+      const MemoryPlan p_off = plan_memory(off, DType::BF16), p_on = plan_memory(on, DType::BF16);
+      EXPECT_EQ(static_cast<int64_t>(p_on.activation_bytes - p_off.activation_bytes), L * held * per_set)
+          << "ep " << ep << ", group " << group;
+    }
+  }
+  // one micro-batch per step: nothing is ever held, nothing planned
+  EXPECT_EQ(plan_memory(config(8, 1), DType::BF16).activation_bytes,
+            plan_memory(config(1, 1), DType::BF16).activation_bytes);
+}
+
+// A plan that does not fit names the key among the ways to shrink it, and the plan says what it holds.
+TEST(ExpertWgradGroup, PlanTextAndTheFitAdvice) {
+  const TrainConfig on = config(4, 4), off = config(1, 4);
+  const MemoryPlan p = plan_memory(on, DType::BF16);
+  EXPECT_NE(plan_fit_problem(on, p, 1).find("expert_wgrad_micro_batches=1"), std::string::npos);
+  EXPECT_EQ(plan_fit_problem(off, plan_memory(off, DType::BF16), 1).find("expert_wgrad_micro_batches"),
+            std::string::npos);
+  EXPECT_NE(format_memory_plan(on, p).find("3 micro-batches' expert weight-gradient operands"), std::string::npos);
+}
+
+TEST(ExpertWgradGroup, ConfigKey) {
+  auto group = [](std::vector<std::string> o) {
+    return to_train_config(resolve_config(LoadOptions{"L0_sanity", "", std::move(o)})).expert_wgrad_micro_batches;
+  };
+  EXPECT_EQ(group({}), 1);
+  EXPECT_EQ(group({"expert_wgrad_micro_batches=8"}), 8);
+  EXPECT_EQ(to_train_config(resolve_config(LoadOptions{"bench_8x1B", "", {}})).expert_wgrad_micro_batches, 8);
+  for (const char* bad : {"expert_wgrad_micro_batches=0", "expert_wgrad_micro_batches=two"}) {
+    try {
+      to_train_config(resolve_config(LoadOptions{"L0_sanity", "", {bad}}));
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("expert_wgrad_micro_batches"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mxt::testing
