@@ -30,8 +30,8 @@ mxt_mpi_check(mpi_dp2_ep2 4 --dp 2 --ep 2 --acc 1)
 # Two sequences per micro-batch (the reference: micro-batch x 4); the aux loss and router jitter on.
 mxt_mpi_check(mpi_dp2_ep2_batch 4 --dp 2 --ep 2 --acc 1 --micro 2 --mode batch)
 mxt_mpi_check(mpi_ep4_aux_jitter 4 --dp 1 --ep 4 --acc 1 --aux-jitter)
-# pair_expert_wgrad with expert parallelism: held rows of one micro-batch beside the next's received rows (an odd
-# count leaves the last one unpaired).
+# expert_wgrad_micro_batches with expert parallelism: groups of 3 held and received row sets over 5 micro-batches
+# (a short last group); the first group stores the expert gradients.
 mxt_mpi_check(mpi_ep2_wgrad_group 2 --dp 1 --ep 2 --acc 5 --wgrad-group 3)
 # MXFP8 (HYBRID) experts and attention projections with expert and data parallelism.
 mxt_mpi_check(mpi_dp2_ep2_fp8 4 --dp 2 --ep 2 --acc 1 --fp8)

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "mxtrain/arena.hpp"
@@ -119,11 +120,7 @@ class MixtralModel {
   // others' held expert weight-gradient operands. overwrite_expert_grads: the step's first group writes the
   // expert gradients instead of adding to them (the caller did not zero them; see overwrites_expert_grads).
   // The default (0 of 1, adding) never holds.
-  void set_micro_batch(int64_t index, int64_t count, bool overwrite_expert_grads = false) {
-    mb_index_ = index;
-    mb_count_ = count;
-    overwrite_grads_ = overwrite_expert_grads && overwrites_expert_grads();
-  }
+  void set_micro_batch(int64_t index, int64_t count, bool overwrite_expert_grads = false);
   // Whether set_micro_batch's overwrite_expert_grads takes effect (the bf16 experts; the MXFP8 ones add).
   bool overwrites_expert_grads() const { return !mx_; }
 
@@ -181,6 +178,10 @@ class MixtralModel {
   bool recompute_ = false;         // recompute_experts
   int64_t wgrad_group_ = 1;        // expert_wgrad_micro_batches (bf16 experts only)
   std::vector<std::vector<HeldWgrad>> held_;  // [layer][slot]: wgrad_group_ - 1 held micro-batches
+  std::vector<std::pair<Tensor, Tensor>> own_xe_act_;  // [layer]: the layer's own xe and act buffers
+  // This micro-batch's place in its group, and whether it holds its expert operands for the group's last.
+  int64_t wgrad_slot() const { return mb_index_ % wgrad_group_; }
+  bool holds_wgrad() const { return wgrad_slot() + 1 < wgrad_group_ && mb_index_ + 1 < mb_count_; }
   int64_t mb_index_ = 0, mb_count_ = 1;
   bool overwrite_grads_ = false;   // the step's first group writes the expert gradients
   LayerMxWeights mx_col_;          // cache_columnwise_weights=false: every layer's columnwise copies, shared

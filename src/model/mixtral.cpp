@@ -187,6 +187,25 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
     s_.dwe = s_.dwp;
   }
   ep_splits_.resize(acts_.size());
+  for (const LayerActs& a : acts_) own_xe_act_.emplace_back(a.xe, a.act);
+}
+
+// A micro-batch that holds its expert operands runs its forward with the experts' input and SwiGLU output in
+// the held buffers themselves, so its backward has nothing to copy there (the recomputed SwiGLU output is
+// shared scratch: that one is still copied).
+void MixtralModel::set_micro_batch(int64_t index, int64_t count, bool overwrite_expert_grads) {
+  mb_index_ = index;
+  mb_count_ = count;
+  overwrite_grads_ = overwrite_expert_grads && overwrites_expert_grads();
+  if (held_.empty()) return;
+  const bool hold = holds_wgrad();
+  for (size_t l = 0; l < acts_.size(); ++l) {
+    LayerActs& a = acts_[l];
+    const HeldWgrad* h = hold ? &held_[l][static_cast<size_t>(wgrad_slot())] : nullptr;
+    a.xe = h ? h->xe : own_xe_act_[l].first;
+    if (ep_.size == 1) a.xp = a.xe;
+    if (!recompute_) a.act = h ? h->act : own_xe_act_[l].second;
+  }
 }
 
 void MixtralModel::bind(const Tensor& dense_w, const Tensor& expert_w, const Tensor& dense_g,

@@ -75,9 +75,9 @@ void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const s
   const LayerActs& a = acts_[l];
   const LayerTensors& w = w_.layers[l];
   const LayerTensors& g = g_.layers[l];
-  const int64_t first = mb_index_ / wgrad_group_ * wgrad_group_, slot = mb_index_ - first;
-  const bool hold = slot + 1 < wgrad_group_ && mb_index_ + 1 < mb_count_;
-  const bool accumulate = !(overwrite_grads_ && first == 0);
+  const int64_t slot = wgrad_slot();
+  const bool hold = holds_wgrad();
+  const bool accumulate = !(overwrite_grads_ && mb_index_ < wgrad_group_);  // the step's first group stores
   HeldWgrad* h = hold ? &held_[l][static_cast<size_t>(slot)] : nullptr;
   // dW (+)= the held sets' rows and this micro-batch's, whichever exist (a rank may receive none).
   auto wgrad = [&](const Tensor& dy, const Tensor& x, Tensor HeldWgrad::*hdy, Tensor HeldWgrad::*hx,
@@ -90,10 +90,10 @@ void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const s
     if (n > 0) sets.push_back({dy.rows(0, n), x.rows(0, n), off});
     ops_.grouped_gemm_wgrad_sets(sets, dW, accumulate);
   };
-  if (n > 0 && hold) {
-    ops_.copy(s_.dye.rows(0, n), h->dye.rows(0, n));
-    ops_.copy(a.act.rows(0, n), h->act.rows(0, n));
-    ops_.copy(a.xe.rows(0, n), h->xe.rows(0, n));
+  if (n > 0 && hold) {  // operands not already in the held buffers (set_micro_batch, moe_backward) are copied
+    if (s_.dye.data != h->dye.data) ops_.copy(s_.dye.rows(0, n), h->dye.rows(0, n));
+    if (a.act.data != h->act.data) ops_.copy(a.act.rows(0, n), h->act.rows(0, n));
+    if (a.xe.data != h->xe.data) ops_.copy(a.xe.rows(0, n), h->xe.rows(0, n));
     ops_.copy(off, h->offsets);
     ops_.grouped_gemm_dgrad(s_.dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
     ops_.swiglu_backward(s_.dact.rows(0, n), a.h13.rows(0, n), a.we.rows(0, n), h->dh13.rows(0, n),
@@ -123,10 +123,20 @@ void MixtralModel::moe_backward(int l) {
   const LayerTensors& w = w_.layers[l];
   const LayerTensors& g = g_.layers[l];
   const int k = static_cast<int>(k_);
+  const bool ep = ep_.size > 1;
+  // A micro-batch that holds its expert operands gets the experts' output gradient straight in the held buffer.
+  struct Restore {
+    Tensor &dye, &dyp;
+    const Tensor dye0, dyp0;
+    ~Restore() { dye = dye0, dyp = dyp0; }
+  } restore{s_.dye, s_.dyp, s_.dye, s_.dyp};
+  if (!held_.empty() && holds_wgrad()) {
+    s_.dye = held_[l][static_cast<size_t>(wgrad_slot())].dye;
+    if (!ep) s_.dyp = s_.dye;
+  }
   // unpermute backward = permute of the output gradient
   ops_.moe_permute(s_.dx, a.perm, k, s_.dyp.rows(0, R_));
   // combine backward = dispatch of the output gradient, with the forward's splits
-  const bool ep = ep_.size > 1;
   if (ep) moe_dispatch_grad(l);
   const int64_t n = ep ? ep_splits_[l].recv_rows : R_;
   const Tensor off = ep ? a.ep_meta.rows(0, El_ + 1) : a.offsets;
