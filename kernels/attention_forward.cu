@@ -1,6 +1,7 @@
 // CudaOps::attention_forward: causal GQA attention, bf16 in/out, fp32 softmax statistics (lse) and
 // accumulation, optional document mask. Head dims 64 and 128 run the flash kernel
-// (attention_flash_fwd.cuh), 16 and 32 (or MXTRAIN_ATTENTION=reference) the reference kernel.
+// (attention_flash_fwd.cuh), 16 and 32 (or MXTRAIN_ATTENTION=reference) the reference kernel; on Hopper, head_dim
+// 128 without documents and seq a multiple of 128 runs the wgmma kernel (attention_fwd_sm90.cu) instead.
 //
 // Flash tile variants (MXTRAIN_ATTENTION_VARIANT), 128 query rows per block; all spill-free under ptxas:
 //   0: 4 warps x 32 rows (FlashAttention-2's choice: each K/V fragment feeds two row blocks, 2.7 mma per
@@ -11,6 +12,7 @@
 #include "attention_common.cuh"
 #include "attention_flash_fwd.cuh"
 #include "attention_reference.cuh"
+#include "attention_sm90.hpp"
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
 
@@ -65,6 +67,7 @@ void CudaOps::attention_forward(const AttnShape& s, const Tensor& q, const Tenso
 
   if (use_flash(G.D, op)) {
     const FwdParams p{qp, kp, vp, outp, lsep, G.doc, G.B, G.S, G.H, G.KVH, scale * kLog2e};
+    if (try_fwd_sm90(G, p, ctx().device, st)) return;
     const int variant = flash_variant(op);
     if (G.D == 64) run_fwd_flash<64>(G, p, variant, st);
     else run_fwd_flash<128>(G, p, variant, st);

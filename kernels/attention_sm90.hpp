@@ -1,6 +1,6 @@
 #pragma once
-// The Hopper wgmma attention backward kernels the flash dispatch tries first (attention_dkv_sm90.cu,
-// attention_dq_sm90.cu).
+// The Hopper wgmma attention kernels the flash dispatch tries first (attention_fwd_sm90.cu,
+// attention_dkv_sm90.cu, attention_dq_sm90.cu).
 #include <cuda_runtime.h>
 
 #include "attention_common.cuh"
@@ -8,6 +8,12 @@
 namespace mxt::cuda::attn {
 
 struct BwdParams;
+struct FwdParams;
+
+// The forward (out and lse) on `stream`; false, nothing launched, where the kernel does not apply (as for the
+// backward kernels below) or MXTRAIN_ATTENTION_FWD=mma; MXTRAIN_ATTENTION_FWD=wgmma makes "does not apply" an
+// error.
+bool try_fwd_sm90(const Geom& G, const FwdParams& p, int device, cudaStream_t stream);
 
 // dK and dV of the backward (after the prep kernel filled p.lse2 / p.delta) on `stream`; false, nothing
 // launched, where the kernel does not apply (head_dim 128, no document mask, seq a multiple of 128, an sm_90a

@@ -97,6 +97,7 @@ struct Impl {
   const char* concurrent = "1";  // MXTRAIN_ATTENTION_BWD_CONCURRENT
   const char* dkv = "auto";       // MXTRAIN_ATTENTION_DKV
   const char* dq = "auto";        // MXTRAIN_ATTENTION_DQ
+  const char* fwd = "auto";       // MXTRAIN_ATTENTION_FWD
 };
 
 void set_impl(const Impl& im) {
@@ -105,6 +106,7 @@ void set_impl(const Impl& im) {
   setenv("MXTRAIN_ATTENTION_BWD_CONCURRENT", im.concurrent, 1);
   setenv("MXTRAIN_ATTENTION_DKV", im.dkv, 1);
   setenv("MXTRAIN_ATTENTION_DQ", im.dq, 1);
+  setenv("MXTRAIN_ATTENTION_FWD", im.fwd, 1);
 }
 
 // Median and min of `runs` timings (ms) of fn on the op stream, after `warm` untimed calls.
@@ -152,6 +154,7 @@ int run(int argc, char** argv) {
   const Impl impls[] = {{"flash-v0", "flash", "0", false}, {"flash-v0 serial", "flash", "0", false, "0"},
                         {"flash-v0 mma-dq", "flash", "0", false, "1", "auto", "mma"},
                         {"flash-v0 mma", "flash", "0", false, "1", "mma", "mma"},
+                        {"flash-v0 mma-fwd", "flash", "0", false, "1", "auto", "auto", "mma"},
                         {"flash-v1", "flash", "1", false},
                         {"reference", "reference", "0", false}, {"flash-v0 docs1024", "flash", "0", true}};
   const int64_t B = 1, S = 4096, doc_len = 1024;
@@ -243,6 +246,7 @@ int run(int argc, char** argv) {
   unsetenv("MXTRAIN_ATTENTION_BWD_CONCURRENT");
   unsetenv("MXTRAIN_ATTENTION_DKV");
   unsetenv("MXTRAIN_ATTENTION_DQ");
+  unsetenv("MXTRAIN_ATTENTION_FWD");
   return 0;
 }
 

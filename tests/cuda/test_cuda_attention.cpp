@@ -13,8 +13,8 @@
 // Document masks (AttnShape::doc_ids, packed rows): the same comparisons against the CPU twin given the same ids,
 // for short, long, tile-aligned and single-token documents. Head dims 64 and 128 run the flash kernels by
 // default; the *Reference* and *Variant1* tests run the same cases through MXTRAIN_ATTENTION=reference and
-// MXTRAIN_ATTENTION_VARIANT=1, and *Wgmma* the Hopper backward kernels, so every kernel the dispatch can pick is
-// checked.
+// MXTRAIN_ATTENTION_VARIANT=1 (with the mma.sync forward forced where the Hopper one would apply), and *Wgmma* the
+// Hopper forward and backward kernels, so every kernel the dispatch can pick is checked.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -291,7 +291,7 @@ TEST(CudaAttention, ReferenceKernels) {
 
 TEST(CudaAttention, Variant1Kernels) {
   MXT_REQUIRE_GPU();
-  ScopedEnv env("MXTRAIN_ATTENTION_VARIANT", "1");
+  ScopedEnv env("MXTRAIN_ATTENTION_VARIANT", "1"), fwd("MXTRAIN_ATTENTION_FWD", "mma");
   run_case({2, 128, 4, 2, 64, 1.f}, 1100);
   run_case({1, 300, 8, 2, 128, 1.f}, 1110);
   run_case({1, 1, 4, 2, 64, 1.f}, 1115);
@@ -300,12 +300,14 @@ TEST(CudaAttention, Variant1Kernels) {
   run_case({1, 2048, 4, 2, 128, 1.f}, 1140);
 }
 
-// The Hopper wgmma backward kernels (attention_dkv_sm90.cu, attention_dq_sm90.cu), required here (an error if
-// they did not apply): GQA groups of 1, 2 and 4, two batch rows, a peaky softmax, the smallest seq; then each
-// beside the other's mma.sync kernel, then both mma.sync kernels forced on the same kind of shape.
+// The Hopper wgmma kernels (attention_fwd_sm90.cu, attention_dkv_sm90.cu, attention_dq_sm90.cu), required here (an
+// error if they did not apply): GQA groups of 1, 2 and 4, two batch rows, a peaky softmax, the smallest seq; then
+// each backward kernel beside the other's mma.sync kernel, then the mma.sync kernels forced on the same kind of
+// shape.
 TEST(CudaAttention, WgmmaBackwardKernels) {
   MXT_REQUIRE_SM90();
   {
+    ScopedEnv fwd("MXTRAIN_ATTENTION_FWD", "wgmma");
     ScopedEnv dkv("MXTRAIN_ATTENTION_DKV", "wgmma"), dq("MXTRAIN_ATTENTION_DQ", "wgmma");
     run_case({1, 256, 4, 2, 128, 1.f}, 1300);
     run_case({2, 384, 8, 2, 128, 1.f}, 1310);
@@ -321,6 +323,7 @@ TEST(CudaAttention, WgmmaBackwardKernels) {
     ScopedEnv dkv("MXTRAIN_ATTENTION_DKV", "mma"), dq("MXTRAIN_ATTENTION_DQ", "wgmma");
     run_case({1, 384, 4, 2, 128, 1.f}, 1346);
   }
+  ScopedEnv fwd("MXTRAIN_ATTENTION_FWD", "mma");
   ScopedEnv dkv("MXTRAIN_ATTENTION_DKV", "mma"), dq("MXTRAIN_ATTENTION_DQ", "mma");
   run_case({1, 512, 4, 2, 128, 1.f}, 1350);
 }
@@ -335,6 +338,15 @@ TEST(CudaAttention, WgmmaRequiredWhereItDoesNotApply) {
                v = upload(*gpu, rounded_randn(300 * 2 * 128, 1402, 1.f), DType::BF16, {300, 2, 128});
   DeviceTensor o(*gpu, DType::BF16, {300, 4, 128}), l(*gpu, DType::F32, {1, 4, 300}),
       dq(*gpu, DType::BF16, {300, 4, 128}), dk(*gpu, DType::BF16, {300, 2, 128}), dv(*gpu, DType::BF16, {300, 2, 128});
+  {
+    ScopedEnv env("MXTRAIN_ATTENTION_FWD", "wgmma");
+    try {
+      gpu->attention_forward(s, q, k, v, o, l);
+      FAIL() << "no error";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("seq 300"), std::string::npos) << e.what();
+    }
+  }
   gpu->attention_forward(s, q, k, v, o, l);
   for (const char* var : {"MXTRAIN_ATTENTION_DKV", "MXTRAIN_ATTENTION_DQ"}) {
     SCOPED_TRACE(var);

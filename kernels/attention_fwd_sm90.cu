@@ -1,0 +1,245 @@
+// Attention forward on Hopper (sm_90a) with wgmma, for the shapes the wgmma backward kernels take (head_dim 128,
+// no document mask, seq a multiple of 128): the mma.sync flash forward reaches about 275 TFLOP/s here, wgmma
+// with its operands in shared memory goes past that.
+//
+// CTA: 2 warpgroups (256 threads), one per (128-query tile, batch, head), the last query tiles (most keys)
+// first. Thread 0 loads the CTA's Q tile once and streams the K and V tiles of 64 keys through a ring of
+// kStages stages (refilled as in the backward kernels). Each warpgroup owns 64 queries; per key tile:
+// S = Q K^T (wgmma m64n64k16 from shared memory), the causal mask on the diagonal tile, the online softmax in
+// registers (exp2 of log2e-prescaled scores; a row's maximum is shared by the 4 threads holding it), then
+// O += P V (m64n128k16, P as the register A operand, V read N-major). A warpgroup skips the key tiles past its
+// last query but still releases them. The two warpgroups are not synchronised with each other, so one's
+// softmax runs while the other's GEMMs use the tensor cores.
+#include <cuda.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "attention_flash_fwd.cuh"
+#include "attention_sm90.hpp"
+#include "attention_sm90_common.cuh"
+#include "sm90_ptx.cuh"
+#include "sm90_wgmma.cuh"
+
+namespace mxt::cuda::attn {
+namespace {
+
+using sm90k::kBox;
+using sm90k::kD;
+using sm90k::TMaps;
+constexpr int kBM = 128;                 // queries per CTA: 2 warpgroups x 64
+constexpr int kBN = 64;                  // keys per step
+constexpr int kStages = 4;
+constexpr int kOffStages = 4 * kBox;     // Q: boxes [warpgroup][d chunk]
+constexpr int kStageK = 0, kStageV = 2 * kBox;
+constexpr int kStageBytes = 4 * kBox;
+constexpr int kOffBar = kOffStages + kStages * kStageBytes;
+constexpr int kSmem = kOffBar + (2 * kStages + 1) * 8 + 1024;  // + slack for 1024-byte alignment
+constexpr int kThreads = 256;
+constexpr float kLn2 = 0.693147180559945309f;
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_fwd_sm90_kernel(const __grid_constant__ TMaps maps, const FwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace mxt::sm90;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  uint8_t* smem_ptr = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
+  const uint32_t smem = smem_u32(smem_ptr);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_ptr + kOffBar);
+  uint64_t* empty = full + kStages;
+  uint64_t* q_full = empty + kStages;
+
+  const int S = p.S, group = p.H / p.KVH;
+  const int n_bh = p.B * p.H;
+  const int n_qt = S / kBM;
+  const int qt = n_qt - 1 - static_cast<int>(blockIdx.x) / n_bh;
+  const int bh = static_cast<int>(blockIdx.x) % n_bh;
+  const int b = bh / p.H, h = bh % p.H;
+  const int kvh = h / group;
+  const int q0 = qt * kBM;
+  const int n_steps = (q0 + kBM) / kBN;  // key tiles up to the CTA's last query
+  const int tid = threadIdx.x;
+
+  if (tid == 0) sm90k::init_ring(full, empty, kStages, q_full);
+  __syncthreads();
+
+  auto issue = [&](int step, int st_i) {
+    mbar_arrive_expect_tx(&full[st_i], kStageBytes);
+    const uint32_t st = smem + kOffStages + st_i * kStageBytes, bar = smem_u32(&full[st_i]);
+    for (int c = 0; c < 2; ++c) {
+      tma_load_2d(st + kStageK + c * kBox, &maps.k, bar, kvh * kD + 64 * c, b * S + step * kBN);
+      tma_load_2d(st + kStageV + c * kBox, &maps.v, bar, kvh * kD + 64 * c, b * S + step * kBN);
+    }
+  };
+  if (tid == 0) {
+    mbar_arrive_expect_tx(q_full, 4 * kBox);
+    const uint32_t qb = smem_u32(q_full);
+    for (int w = 0; w < 2; ++w)
+      for (int c = 0; c < 2; ++c)
+        tma_load_2d(smem + (2 * w + c) * kBox, &maps.q, qb, h * kD + 64 * c, b * S + q0 + 64 * w);
+    for (int i = 0; i < kStages && i < n_steps; ++i) issue(i, i);
+  }
+
+  const int w = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  const int g = lane / 4, c4 = lane % 4;
+  const int row0 = q0 + 64 * w + 16 * warp + g;  // this thread's queries: row0 and row0 + 8
+  const int w_first = q0 + 64 * w, w_last = w_first + 63;
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // l: this thread's part of the row sums
+  const uint32_t qa = smem + (2 * w) * kBox;
+  mbar_wait(q_full, 0);
+
+  int s = 0;
+  uint32_t phase = 0;
+  for (int step = 0; step < n_steps; ++step) {
+    const int n0 = step * kBN;
+    if (tid == 0 && step >= 1 && step - 1 + kStages < n_steps) {
+      const int rs = (step - 1) % kStages;  // released by both warpgroups at the end of step - 1
+      mbar_wait(&empty[rs], static_cast<uint32_t>((step - 1) / kStages) & 1u);
+      issue(step - 1 + kStages, rs);
+    }
+    __syncwarp();
+    mbar_wait(&full[s], phase);
+    const uint32_t st = smem + kOffStages + s * kStageBytes;
+    if (n0 <= w_last) {
+      // S = Q K^T: 64 queries x 64 keys, contracted over d in two 64-wide boxes.
+      float sa[32];
+      wgmma_fence();
+      sm90k::mma_rows_d128(sa, qa, st + kStageK);
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) fence_operand(sa[i]);
+
+      // Scores in log2 units; keys after the query masked on the tile that crosses the diagonal.
+      const bool diag = n0 + kBN - 1 > w_first;
+      float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int hi = e >> 1;
+          const int q = row0 + 8 * hi, key = n0 + 8 * j + 2 * c4 + (e & 1);
+          float x = sa[4 * j + e] * p.scale_log2;
+          if (diag) x = key <= q ? x : -INFINITY;
+          sa[4 * j + e] = x;
+          if (hi) mx_b = fmaxf(mx_b, x);
+          else mx_a = fmaxf(mx_a, x);
+        }
+      // Every row sees key 0 on the first step, so the running maximum is finite from then on.
+      const float mn_a = fmaxf(m_a, quad_max(mx_a)), mn_b = fmaxf(m_b, quad_max(mx_b));
+      const float corr_a = fast_exp2(m_a - mn_a), corr_b = fast_exp2(m_b - mn_b);
+      m_a = mn_a;
+      m_b = mn_b;
+      float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        sa[4 * j] = fast_exp2(sa[4 * j] - mn_a);
+        sa[4 * j + 1] = fast_exp2(sa[4 * j + 1] - mn_a);
+        sa[4 * j + 2] = fast_exp2(sa[4 * j + 2] - mn_b);
+        sa[4 * j + 3] = fast_exp2(sa[4 * j + 3] - mn_b);
+        sum_a += sa[4 * j] + sa[4 * j + 1];
+        sum_b += sa[4 * j + 2] + sa[4 * j + 3];
+      }
+      l_a = l_a * corr_a + sum_a;
+      l_b = l_b * corr_b + sum_b;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        o[4 * j] *= corr_a;
+        o[4 * j + 1] *= corr_a;
+        o[4 * j + 2] *= corr_b;
+        o[4 * j + 3] *= corr_b;
+      }
+
+      // O += P V: k = 16 keys per wgmma.
+      uint32_t fp[4][4];
+      sm90k::pack_a_frags(sa, fp);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_m64n128k16_rs<1>(o, fp[kk], smem_desc(st + kStageV + kk * 2048, kBox, 1024), 1u);
+      wgmma_commit();
+      wgmma_wait<0>();
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+    if (++s == kStages) {
+      s = 0;
+      phase ^= 1u;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) fence_operand(o[i]);
+
+  // O = o / l as bf16 pairs straight from the accumulators; lse in natural log.
+  l_a = quad_sum(l_a);
+  l_b = quad_sum(l_b);
+  const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
+  const int64_t q_stride = static_cast<int64_t>(p.H) * kD;
+  const int64_t r0 = (static_cast<int64_t>(b) * S + row0) * q_stride + static_cast<int64_t>(h) * kD;
+  const int64_t r1 = r0 + 8 * q_stride;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int col = 8 * j + 2 * c4;
+    *reinterpret_cast<uint32_t*>(p.out + r0 + col) = pack_bf16(o[4 * j] * inv_a, o[4 * j + 1] * inv_a);
+    *reinterpret_cast<uint32_t*>(p.out + r1 + col) = pack_bf16(o[4 * j + 2] * inv_b, o[4 * j + 3] * inv_b);
+  }
+  if (c4 == 0) {
+    const int64_t stat = (static_cast<int64_t>(b) * p.H + h) * S + row0;
+    p.lse[stat] = (m_a + log2f(l_a)) * kLn2;
+    p.lse[stat + 8] = (m_b + log2f(l_b)) * kLn2;
+  }
+#else
+  __trap();  // built without sm_90a: the host never launches this
+#endif
+}
+
+}  // namespace
+
+bool try_fwd_sm90(const Geom& G, const FwdParams& p, int device, cudaStream_t stream) {
+  const char* op = "attention_forward";
+  const char* env = "MXTRAIN_ATTENTION_FWD";
+  const sm90k::Mode mode = sm90k::env_mode(env, op);
+  if (mode == sm90k::Mode::Off) return false;
+  static std::atomic<int> cache[64];
+  static std::atomic<bool> smem_set{false};
+  const void* kernel = reinterpret_cast<const void*>(attn_fwd_sm90_kernel);
+  sm90k::TMaps maps{};
+  std::string why;
+  if (G.D != kD) why = "head_dim " + std::to_string(G.D) + " (needs 128)";
+  else if (G.doc != nullptr) why = "a document mask";
+  else if (G.S % kBM != 0) why = "seq " + std::to_string(G.S) + " (needs a multiple of 128)";
+  else if (G.T * G.H * kD > INT32_MAX) why = "a tensor of 2^31 elements or more";
+  else if (!sm90::device_runs_sm90a(device, kernel, cache)) why = "not an sm_90 device / binary";
+  else if (!(sm90k::make_rows_map(maps.q, p.q, G.T, static_cast<int64_t>(G.H) * kD) &&
+             sm90k::make_rows_map(maps.k, p.k, G.T, static_cast<int64_t>(G.KVH) * kD) &&
+             sm90k::make_rows_map(maps.v, p.v, G.T, static_cast<int64_t>(G.KVH) * kD)))
+    why = "a tensor map the driver rejects";
+  if (!why.empty()) {
+    if (mode == sm90k::Mode::Require)
+      fail(op, std::string(env) + "=wgmma, but the sm90 forward kernel does not apply: " + why);
+    return false;
+  }
+  maps.dout = maps.q;  // unused by the forward
+  if (!smem_set.exchange(true)) set_smem(attn_fwd_sm90_kernel, static_cast<size_t>(kSmem), op);
+  attn_fwd_sm90_kernel<<<grid_1d(static_cast<int64_t>(G.S / kBM) * G.B * G.H, op), kThreads, kSmem, stream>>>(maps,
+                                                                                                              p);
+  check_launch(op);
+  return true;
+}
+
+}  // namespace mxt::cuda::attn
