@@ -35,7 +35,8 @@
 // Wgrad epilogue: dW += acc is done by the TMA unit (cp.reduce.async.bulk.tensor .add.f32) from 64 x 16 fp32
 // boxes that each consumer warpgroup writes into a small ring of shared buffers, so the read-add-write of the
 // fp32 tile runs in L2 while the consumers start the next item's mainloop (short contractions, e.g. 1,024 rows
-// per expert, made the synchronous read-add-write a third of the kernel's time).
+// per expert, made the synchronous read-add-write a third of the kernel's time). The direct alternative
+// (MXTRAIN_GG_WGRAD_EPI=red) issues red.global.add.v2.f32 from the registers instead (st.global when storing).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -119,7 +120,8 @@ struct Params {
   int32_t m_fast;   // wgrad: item order, m-tile fastest
   int32_t prefetch; // wgrad: prefetch each dW tile into L2 (bulk copies) before the TMA adds to it
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing
-  int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC)
+  int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC); wgrad: the
+                      // tile leaves through TMA reduce-adds / stores, else red.global / st.global from registers
   void* out;        // y / dx (bf16, [R, N]) or dW (f32, [E, M, N])
 };
 
@@ -171,6 +173,11 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
 
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+
+// dW += (a, b) at p, 8-byte aligned: an L2 reduction the thread does not wait for.
+__device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
 
 __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b) {
@@ -379,7 +386,26 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const Sched& sc, 
     // Epilogue straight from the accumulator fragments (layout: sm90_wgmma.cuh).
     const int r_local = cw * 64 + warp * 16 + lane / 4;
     const int col_l = 2 * (lane % 4);
-    if constexpr (kMode == Mode::kWgrad) {
+    if (kMode == Mode::kWgrad && !p.tma_store) {
+      // Straight from the registers: fire-and-forget L2 reductions (or stores when overwriting), so the next
+      // item's mainloop starts at once. Each element of dW gets one add per launch: deterministic.
+      const int64_t M = p.K, N = p.N;
+      float* base = static_cast<float*>(p.out) + static_cast<int64_t>(it.e) * M * N;
+      const int64_t ra = it.m0 + r_local, rb = ra + 8;
+#pragma unroll
+      for (int j = 0; j < C::kAcc / 4; ++j) {
+        const int64_t n = it.n0 + 8 * j + col_l;
+        if (n >= N) continue;
+        if (ra < M) {
+          if (p.overwrite) *reinterpret_cast<float2*>(base + ra * N + n) = make_float2(acc[4 * j], acc[4 * j + 1]);
+          else red_add_f32x2(base + ra * N + n, acc[4 * j], acc[4 * j + 1]);
+        }
+        if (rb < M) {
+          if (p.overwrite) *reinterpret_cast<float2*>(base + rb * N + n) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+          else red_add_f32x2(base + rb * N + n, acc[4 * j + 2], acc[4 * j + 3]);
+        }
+      }
+    } else if constexpr (kMode == Mode::kWgrad) {
       // Box after box of this warpgroup's 64 rows: wait until the TMA has read the box written kEpiBufs ago,
       // write the fragments, make them visible to the async proxy, and hand the box to the TMA.
       // (The opaque copy keeps the compiler from hoisting the box addressing out of the item loop, where its
@@ -553,6 +579,7 @@ std::atomic<int> g_impl_override{static_cast<int>(GroupedImpl::Auto)};
 std::atomic<int> g_tile_n{0};
 std::atomic<int> g_cluster{0};
 std::atomic<int> g_store{0};  // 0: env, 1: TMA stores, 2: direct stores
+std::atomic<int> g_wgrad_tma{0};  // 0: env, 1: TMA reduce-adds, 2: red.global
 thread_local const char* g_last_impl = "none";
 
 GroupedImpl env_impl() {
@@ -600,6 +627,19 @@ bool store_epilogue() {
     if (s == nullptr || *s == 0 || !std::strcmp(s, "tma")) return true;
     if (!std::strcmp(s, "direct")) return false;
     cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_STORE must be tma or direct, got '") + s + "'");
+  }();
+  return v;
+}
+
+// Weight-gradient epilogue: TMA reduce-adds (default; env MXTRAIN_GG_WGRAD_EPI=tma) or red.global (red).
+bool wgrad_tma_epilogue() {
+  const int o = g_wgrad_tma.load();
+  if (o != 0) return o == 1;
+  static const bool v = [] {
+    const char* s = std::getenv("MXTRAIN_GG_WGRAD_EPI");
+    if (s == nullptr || *s == 0 || !std::strcmp(s, "tma")) return true;
+    if (!std::strcmp(s, "red")) return false;
+    cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_WGRAD_EPI must be tma or red, got '") + s + "'");
   }();
   return v;
 }
@@ -768,6 +808,7 @@ void set_grouped_cluster(int ctas) {
   g_cluster.store(ctas);
 }
 void set_grouped_tma_store(int on) { g_store.store(on < 0 ? 0 : on ? 1 : 2); }
+void set_grouped_wgrad_tma(int on) { g_wgrad_tma.store(on < 0 ? 0 : on ? 1 : 2); }
 const char* last_grouped_impl() { return g_last_impl; }
 void note_grouped_impl(const char* impl) { g_last_impl = impl; }
 
@@ -846,6 +887,7 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
     p.m_tiles = static_cast<int32_t>(m_tiles);
     p.m_fast = M <= N ? 1 : 0;
     p.prefetch = p.overwrite ? 0 : 1;  // nothing to read when storing
+    p.tma_store = wgrad_tma_epilogue() ? 1 : 0;
     p.fault = fault_injection();
     p.out = dW;
     launches.push_back(L);

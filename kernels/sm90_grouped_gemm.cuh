@@ -29,6 +29,10 @@ void set_grouped_cluster(int ctas);
 // Forward / dgrad epilogue: 1 = TMA stores (default; env MXTRAIN_GG_STORE=tma), 0 = direct register stores
 // (MXTRAIN_GG_STORE=direct), -1 restores the env var's choice.
 void set_grouped_tma_store(int on);
+// Weight-gradient epilogue: 1 = TMA reduce-adds / stores through shared memory (default; env
+// MXTRAIN_GG_WGRAD_EPI=tma), 0 = red.global / st.global straight from the registers (MXTRAIN_GG_WGRAD_EPI=red),
+// -1 restores the env var's choice.
+void set_grouped_wgrad_tma(int on);
 // What the last grouped GEMM call of this thread ran: "sm90" or "wmma" (tests assert the path they meant).
 const char* last_grouped_impl();
 void note_grouped_impl(const char* impl);

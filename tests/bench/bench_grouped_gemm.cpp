@@ -195,7 +195,8 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       int bn, cl, tma_store;
       const char* name;
     };
-    // tma_store: the forward / dgrad epilogue (wgrad always adds through the TMA).
+    // tma_store: the TMA epilogue (forward / dgrad: TMA stores; wgrad: TMA reduce-adds), else direct from the
+    // registers (stores; wgrad: red.global).
     static const Variant variants[] = {{256, 1, 1, "sm90 128x256 c1"},
                                        {256, 1, 0, "sm90 128x256 c1 direct"},
                                        {128, 1, 1, "sm90 128x128 c1"},
@@ -203,11 +204,11 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
                                        {128, 2, 1, "sm90 128x128 c2"}};
     for (const Variant& v : variants) {
       if (v.cl > 1 && !with_cluster) continue;
-      if (!v.tma_store && op.kind == 2) continue;  // same kernel as the row above for wgrad
       mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
       mxt::sm90::set_grouped_tile_n(v.bn);
       mxt::sm90::set_grouped_cluster(v.cl);
       mxt::sm90::set_grouped_tma_store(v.tma_store);
+      mxt::sm90::set_grouped_wgrad_tma(v.tma_store);
       // Correctness first: against the per-expert cuBLASLt result (wgrad from zeroed dW on both sides).
       ops.zero(out1);
       ops.zero(out2);
@@ -228,8 +229,10 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       mxt::sm90::set_grouped_tile_n(256);
       mxt::sm90::set_grouped_cluster(1);
       for (const int sets : {2, 4, 8}) {
-        for (const bool accumulate : {true, false}) {
-          if (sets != 8 && !accumulate) continue;
+        for (const int variant : {0, 1, 2, 3}) {  // add (TMA), store (TMA), add (red.global), store (st.global)
+          const bool accumulate = variant % 2 == 0, direct = variant >= 2;
+          if (sets != 8 && variant != 0) continue;
+          mxt::sm90::set_grouped_wgrad_tma(direct ? 0 : 1);
           const std::vector<mxt::Ops::WgradRowSet> rs(sets, mxt::Ops::WgradRowSet{*op.in, *op.x2, OFF.t});
           auto grouped_sets = [&](const Tensor& dst) { ops.grouped_gemm_wgrad_sets(rs, dst, accumulate); };
           ops.zero(out1);
@@ -243,8 +246,8 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
                         path == "sm90" ? "" : " (FELL BACK)");
           const Timing t = time_it(st, flush, flush_bytes, 3, runs, [&] { grouped_sets(out1); });
           char name[64];
-          std::snprintf(name, sizeof(name), "sm90 %d row sets%s (%dx rows)", sets, accumulate ? "" : ", store",
-                        sets);
+          std::snprintf(name, sizeof(name), "sm90 %d row sets%s%s (%dx rows)", sets, accumulate ? "" : ", store",
+                        direct ? ", direct" : "", sets);
           rows.push_back(Row{s.name, op.name, name, t, sets * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
         }
       }
@@ -257,6 +260,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
     mxt::sm90::set_grouped_tile_n(0);
     mxt::sm90::set_grouped_cluster(0);
     mxt::sm90::set_grouped_tma_store(-1);
+    mxt::sm90::set_grouped_wgrad_tma(-1);
     const double dense_tf = rows[first].tflops, loop_tf = rows[first + 1].tflops;
     for (size_t i = first; i < rows.size(); ++i) {
       rows[i].vs_dense = rows[i].tflops / dense_tf;

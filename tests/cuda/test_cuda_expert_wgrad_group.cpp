@@ -27,6 +27,7 @@ struct Guard {
   ~Guard() {
     sm90::set_grouped_tile_n(0);
     sm90::set_grouped_cluster(0);
+    sm90::set_grouped_wgrad_tma(-1);
   }
 };
 
@@ -66,13 +67,15 @@ void check_sets(Ops& gpu, Ops& cpu, int64_t out, int64_t in, std::vector<RowSet>
     cpu.grouped_gemm_wgrad_sets(host_sets, host(ref, {E, out, in}), accumulate);
     for (int bn : {256, 128}) {
       for (int cl : {1, 2}) {
+       for (int tma : {1, 0}) {  // the epilogue: TMA reduce-adds / stores, or red.global / st.global
         if (!with_variants && (bn != 256 || cl != 1)) continue;
         SCOPED_TRACE("out " + std::to_string(out) + " in " + std::to_string(in) + " sets " +
                      std::to_string(sets.size()) + " BN " + std::to_string(bn) + " cluster " + std::to_string(cl) +
-                     (accumulate ? " accumulating" : " overwriting"));
+                     (tma ? " TMA" : " direct") + (accumulate ? " accumulating" : " overwriting"));
         Guard guard;
         sm90::set_grouped_tile_n(bn);
         sm90::set_grouped_cluster(cl);
+        sm90::set_grouped_wgrad_tma(tma);
         std::vector<DeviceTensor> keep;
         std::vector<Ops::WgradRowSet> dev_sets;
         for (const RowSet& r : sets) {
@@ -97,6 +100,7 @@ void check_sets(Ops& gpu, Ops& cpu, int64_t out, int64_t in, std::vector<RowSet>
           EXPECT_EQ(wrong, 0) << "dW of expert " << e << " (no rows in any set) "
                               << (accumulate ? "changed" : "is not zero");
         }
+       }
       }
     }
   }

@@ -38,6 +38,7 @@ struct ImplGuard {
     sm90::set_grouped_tile_n(0);
     sm90::set_grouped_cluster(0);
     sm90::set_grouped_tma_store(-1);
+    sm90::set_grouped_wgrad_tma(-1);
   }
 };
 
@@ -193,15 +194,16 @@ TEST_P(CudaGroupedGemmSm90, ManyItemsPersistentLoop) {
   check_both_tiles(*gpu, *cpu, {1024, 512, {700, 129, 1, 1200}, 9}, GetParam(), 22);
 }
 
-// The forward / dgrad epilogue without TMA stores (every row stored from the registers): the path the tail of
-// each expert takes anyway, here for whole tiles too.
+// The epilogues without the TMA: forward / dgrad rows stored from the registers (the path the tail of each
+// expert takes anyway, here for whole tiles too), the weight gradient added by red.global from the registers.
 TEST_P(CudaGroupedGemmSm90, DirectStoreEpilogue) {
   MXT_REQUIRE_SM90();
   ImplGuard guard;
   auto gpu = make_cuda_ops();
   auto cpu = make_cpu_ops();
   for (int bn : {256, 128}) {
-    sm90::set_grouped_tma_store(0);  // check_case's own guard restores the default when it returns
+    sm90::set_grouped_tma_store(0);  // check_case's own guard restores the defaults when it returns
+    sm90::set_grouped_wgrad_tma(0);
     check_case(*gpu, *cpu, {128, 320, {128, 256, 127, 129, 1, 0, 64, 65}, 9}, bn, GetParam(), 16 + bn);
   }
 }
