@@ -48,27 +48,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = full + kStages;
   uint64_t* q_full = empty + kStages;
 
-  const int S = p.S, group = p.H / p.KVH;
-  const int n_bh = p.B * p.H;
-  const int n_qt = S / kBM;
-  const int qt = n_qt - 1 - static_cast<int>(blockIdx.x) / n_bh;
-  const int bh = static_cast<int>(blockIdx.x) % n_bh;
-  const int b = bh / p.H, h = bh % p.H;
-  const int kvh = h / group;
-  const int q0 = qt * kBM;
-  const int n_steps = (q0 + kBM) / kBN;  // key tiles up to the CTA's last query
+  const int S = p.S;
+  const sm90k::QueryTile t = sm90k::query_tile(p.B, S, p.H, p.KVH);
+  const int b = t.b, h = t.h, q0 = t.q0, n_steps = t.n_steps;
   const int tid = threadIdx.x;
 
   if (tid == 0) sm90k::init_ring(full, empty, kStages, q_full);
   __syncthreads();
 
   auto issue = [&](int step, int st_i) {
-    mbar_arrive_expect_tx(&full[st_i], kStageBytes);
-    const uint32_t st = smem + kOffStages + st_i * kStageBytes, bar = smem_u32(&full[st_i]);
-    for (int c = 0; c < 2; ++c) {
-      tma_load_2d(st + kStageK + c * kBox, &maps.k, bar, kvh * kD + 64 * c, b * S + step * kBN);
-      tma_load_2d(st + kStageV + c * kBox, &maps.v, bar, kvh * kD + 64 * c, b * S + step * kBN);
-    }
+    sm90k::load_kv_tile(maps, &full[st_i], smem + kOffStages + st_i * kStageBytes + kStageK, kStageV - kStageK, t, S,
+                        step * kBN);
   };
   if (tid == 0) {
     mbar_arrive_expect_tx(q_full, 8 * kBox);

@@ -1,7 +1,7 @@
 #pragma once
-// Shared by the Hopper wgmma attention backward kernels (attention_dkv_sm90.cu, attention_dq_sm90.cu): when they
-// apply, their tensor maps, the environment switches that force or disable them, the launch, and the epilogue
-// store of an m64n128 accumulator.
+// Shared by the Hopper wgmma attention kernels (attention_fwd_sm90.cu, attention_dkv_sm90.cu, attention_dq_sm90.cu):
+// when they apply, their tensor maps, the environment switches that force or disable them, the launch, the
+// query-tile kernels' K / V stream, and the epilogue store of an m64n128 accumulator.
 #include <cuda.h>
 
 #include <atomic>
@@ -106,6 +106,37 @@ __device__ __forceinline__ void pack_a_frags(const float (&acc)[32], uint32_t (&
   for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
     for (int r = 0; r < 4; ++r) f[kk][r] = pack_bf16(acc[8 * kk + 2 * r], acc[8 * kk + 2 * r + 1]);
+}
+
+// The query-tile kernels (forward, dQ): a CTA takes 128 queries of one (batch, head), the last query tiles (most
+// keys) first, and walks the 64-key tiles up to its last query.
+struct QueryTile {
+  int b, h, kvh, q0, n_steps;
+};
+__device__ __forceinline__ QueryTile query_tile(int B, int S, int H, int KVH) {
+  constexpr int kBM = 128, kBN = 64;
+  const int n_bh = B * H;
+  const int qt = S / kBM - 1 - static_cast<int>(blockIdx.x) / n_bh;
+  const int bh = static_cast<int>(blockIdx.x) % n_bh;
+  QueryTile t;
+  t.b = bh / H;
+  t.h = bh % H;
+  t.kvh = t.h / (H / KVH);
+  t.q0 = qt * kBM;
+  t.n_steps = (t.q0 + kBM) / kBN;
+  return t;
+}
+
+// Thread 0 of a query-tile kernel: the K and V tiles of 64 keys at key `key0` into the stage at `st` (K, then V
+// `v_off` bytes further, each two [64][64] boxes), completing on `bar`.
+__device__ __forceinline__ void load_kv_tile(const TMaps& maps, uint64_t* bar, uint32_t st, uint32_t v_off,
+                                             const QueryTile& t, int S, int key0) {
+  sm90::mbar_arrive_expect_tx(bar, 4 * kBox);
+  const uint32_t b32 = sm90::smem_u32(bar);
+  for (int c = 0; c < 2; ++c) {
+    sm90::tma_load_2d(st + c * kBox, &maps.k, b32, t.kvh * kD + 64 * c, t.b * S + key0);
+    sm90::tma_load_2d(st + v_off + c * kBox, &maps.v, b32, t.kvh * kD + 64 * c, t.b * S + key0);
+  }
 }
 
 // Barriers of a ring of `stages` stages filled by one thread (full: its arrive.expect_tx) and drained by the 8
