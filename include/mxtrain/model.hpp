@@ -149,11 +149,12 @@ class MixtralModel {
   void moe_forward(int l, bool training, uint64_t jitter_seed);
   void moe_backward(int l);        // scratch.dx: in = grad wrt layer output, out = grad wrt x_mid
   void experts_up(int l, int64_t n, const Tensor& off);  // bf16: h13 and act of layer l's n expert rows
-  void experts_backward(int l, int64_t n, const Tensor& off, const std::function<void()>& combine);  // bf16
+  void experts_backward(int l, int64_t n, const Tensor& off, const Tensor& dye,
+                        const std::function<void()>& combine);  // bf16
   // Expert parallelism (moe_dispatch.cpp): rows to / from the ranks that own the experts.
   int64_t moe_dispatch(int l);     // xp, wp -> xe, we; returns the rows received
   void moe_combine(int l, const Tensor& ye);            // expert outputs (n rows) -> s_.yp
-  void moe_dispatch_grad(int l);   // s_.dyp -> s_.dye
+  void moe_dispatch_grad(int l, const Tensor& dye);   // s_.dyp -> dye
   // s_.dxe, s_.dwe -> s_.dxp, s_.dwp; start: the exchange runs alongside what follows, until wait_started()
   void moe_combine_grad(int l, bool start);
   double aux_loss_forward();       // after all layers: aux loss and per-expert gradient coefficients

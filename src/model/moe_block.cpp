@@ -71,7 +71,8 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
 // rest copied) and the group's last contracts all held row sets and its own per expert in one grouped GEMM (the
 // held sets first, in micro-batch order: the order of the ungrouped accumulation, which the per-set fallback then
 // reproduces bit for bit).
-void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const std::function<void()>& combine) {
+void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const Tensor& dye,
+                                    const std::function<void()>& combine) {
   const LayerActs& a = acts_[l];
   const LayerTensors& w = w_.layers[l];
   const LayerTensors& g = g_.layers[l];
@@ -91,18 +92,18 @@ void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const s
     ops_.grouped_gemm_wgrad_sets(sets, dW, accumulate);
   };
   if (n > 0 && hold) {  // operands not already in the held buffers (set_micro_batch, moe_backward) are copied
-    if (s_.dye.data != h->dye.data) ops_.copy(s_.dye.rows(0, n), h->dye.rows(0, n));
+    if (dye.data != h->dye.data) ops_.copy(dye.rows(0, n), h->dye.rows(0, n));
     if (a.act.data != h->act.data) ops_.copy(a.act.rows(0, n), h->act.rows(0, n));
     if (a.xe.data != h->xe.data) ops_.copy(a.xe.rows(0, n), h->xe.rows(0, n));
     ops_.copy(off, h->offsets);
-    ops_.grouped_gemm_dgrad(s_.dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
+    ops_.grouped_gemm_dgrad(dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
     ops_.swiglu_backward(s_.dact.rows(0, n), a.h13.rows(0, n), a.we.rows(0, n), h->dh13.rows(0, n),
                          s_.dwe.rows(0, n));
     ops_.grouped_gemm_dgrad(h->dh13.rows(0, n), w.w13, off, s_.dxe.rows(0, n));
     combine();
   } else if (n > 0) {
-    ops_.grouped_gemm_dgrad(s_.dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
-    wgrad(s_.dye, a.act, &HeldWgrad::dye, &HeldWgrad::act, g.w2);
+    ops_.grouped_gemm_dgrad(dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
+    wgrad(dye, a.act, &HeldWgrad::dye, &HeldWgrad::act, g.w2);
     ops_.swiglu_backward(s_.dact.rows(0, n), a.h13.rows(0, n), a.we.rows(0, n), s_.dh13.rows(0, n),
                          s_.dwe.rows(0, n));
     ops_.grouped_gemm_dgrad(s_.dh13.rows(0, n), w.w13, off, s_.dxe.rows(0, n));
@@ -111,7 +112,7 @@ void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const s
   } else {  // no rows of this micro-batch's own: the held ones alone, if any (or zeros, when overwriting)
     combine();
     if (!hold) {
-      wgrad(s_.dye, a.act, &HeldWgrad::dye, &HeldWgrad::act, g.w2);
+      wgrad(dye, a.act, &HeldWgrad::dye, &HeldWgrad::act, g.w2);
       wgrad(s_.dh13, a.xe, &HeldWgrad::dh13, &HeldWgrad::xe, g.w13);
     }
   }
@@ -124,20 +125,13 @@ void MixtralModel::moe_backward(int l) {
   const LayerTensors& g = g_.layers[l];
   const int k = static_cast<int>(k_);
   const bool ep = ep_.size > 1;
-  // A micro-batch that holds its expert operands gets the experts' output gradient straight in the held buffer.
-  struct Restore {
-    Tensor &dye, &dyp;
-    const Tensor dye0, dyp0;
-    ~Restore() { dye = dye0, dyp = dyp0; }
-  } restore{s_.dye, s_.dyp, s_.dye, s_.dyp};
-  if (!held_.empty() && holds_wgrad()) {
-    s_.dye = held_[l][static_cast<size_t>(wgrad_slot())].dye;
-    if (!ep) s_.dyp = s_.dye;
-  }
+  // The experts' output gradient dye (without EP the permuted dy itself); a micro-batch that holds its expert
+  // operands gets it straight in the held buffer.
+  const Tensor dye = !held_.empty() && holds_wgrad() ? held_[l][static_cast<size_t>(wgrad_slot())].dye : s_.dye;
   // unpermute backward = permute of the output gradient
-  ops_.moe_permute(s_.dx, a.perm, k, s_.dyp.rows(0, R_));
+  ops_.moe_permute(s_.dx, a.perm, k, (ep ? s_.dyp : dye).rows(0, R_));
   // combine backward = dispatch of the output gradient, with the forward's splits
-  if (ep) moe_dispatch_grad(l);
+  if (ep) moe_dispatch_grad(l, dye);
   const int64_t n = ep ? ep_splits_[l].recv_rows : R_;
   const Tensor off = ep ? a.ep_meta.rows(0, El_ + 1) : a.offsets;
   // experts backward; dispatch backward = combine of the input and routing-weight gradients, as soon as they
@@ -158,10 +152,10 @@ void MixtralModel::moe_backward(int l) {
     }
   }
   if (n > 0 && mx_) {
-    mx_experts_backward(ops_, mx_run(l, n, off), mxw_[l].experts, s_.dye, a.h13, a.we.rows(0, n), s_.dact,
+    mx_experts_backward(ops_, mx_run(l, n, off), mxw_[l].experts, dye, a.h13, a.we.rows(0, n), s_.dact,
                         s_.dh13, s_.dxe, s_.dwe.rows(0, n), g.w13, g.w2, combine);
   } else {
-    experts_backward(l, n, off, combine);
+    experts_backward(l, n, off, dye, combine);
   }
   if (overlap) {
     ops_.set_sm_reserve(0);

@@ -40,14 +40,14 @@ void MixtralModel::moe_combine(int l, const Tensor& ye) {
                          sp.send_counts.data(), sp.send_displs.data(), d_, comm_type(ops_.act_dtype()));
 }
 
-void MixtralModel::moe_dispatch_grad(int l) {
+void MixtralModel::moe_dispatch_grad(int l, const Tensor& dye) {
   TraceScope trace("ep dispatch (backward)");
   const LayerActs& a = acts_[l];
   const EpSplits& sp = ep_splits_[l];
   const int64_t n = sp.recv_rows;
   ep_.comm->all_to_all_v(s_.dyp.data, sp.send_counts.data(), sp.send_displs.data(), s_.ep_rows.data,
                          sp.recv_counts.data(), sp.recv_displs.data(), d_, comm_type(ops_.act_dtype()));
-  if (n > 0) ops_.moe_permute(s_.ep_rows.rows(0, n), a.ep_meta.rows(El_ + 1, n), 1, s_.dye.rows(0, n));
+  if (n > 0) ops_.moe_permute(s_.ep_rows.rows(0, n), a.ep_meta.rows(El_ + 1, n), 1, dye.rows(0, n));
 }
 
 void MixtralModel::moe_combine_grad(int l, bool start) {
