@@ -69,9 +69,8 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
 // bf16 experts' backward on n rows. With expert_wgrad_micro_batches G > 1, every micro-batch of a group but its
 // last (and the step's last) keeps its weight-gradient operands (all written straight into the held buffers; only
 // a recomputed SwiGLU output is copied) and the group's last contracts all held row sets and its own per expert
-// in one grouped GEMM (the
-// held sets first, in micro-batch order: the order of the ungrouped accumulation, which the per-set fallback then
-// reproduces bit for bit).
+// in one grouped GEMM (the held sets first, in micro-batch order: the order of the ungrouped accumulation, which
+// the per-set fallback then reproduces bit for bit).
 void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const Tensor& dye,
                                     const std::function<void()>& combine) {
   const LayerActs& a = acts_[l];
