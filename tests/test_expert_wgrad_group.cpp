@@ -9,7 +9,11 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <sstream>
 #include <vector>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "plan_util.hpp"
 #include "tiny_config.hpp"
@@ -159,6 +163,30 @@ TEST(ExpertWgradGroup, PlanTextAndTheFitAdvice) {
   EXPECT_EQ(plan_fit_problem(off, plan_memory(off, DType::BF16), 1).find("expert_wgrad_micro_batches"),
             std::string::npos);
   EXPECT_NE(format_memory_plan(on, p).find("3 micro-batches' expert weight-gradient operands"), std::string::npos);
+}
+
+// A key that cannot take effect as written says so at start (capped at grad_acc_steps; ignored under MXFP8).
+TEST(ExpertWgradGroup, SaysWhenTheKeyIsCapped) {
+  auto warning = [](TrainConfig c) {
+    std::ostringstream out;
+    auto saved = spdlog::default_logger();
+    auto logger = std::make_shared<spdlog::logger>("wgrad_group_test",
+                                                   std::make_shared<spdlog::sinks::ostream_sink_mt>(out));
+    spdlog::set_default_logger(logger);
+    {
+      auto ops = make_cpu_ops();
+      Trainer t(c, *ops, embedded_corpus_tokens());
+    }
+    spdlog::set_default_logger(saved);
+    return out.str();
+  };
+  EXPECT_NE(warning(config(8, 3)).find("expert_wgrad_micro_batches=8 takes effect as 3"), std::string::npos);
+  EXPECT_EQ(warning(config(3, 3)).find("expert_wgrad_micro_batches"), std::string::npos);
+  TrainConfig fp8 = config(2, 2);
+  fp8.fp8.enabled = true;
+  fp8.model.hidden_size = 64;
+  fp8.model.intermediate_size = 128;
+  EXPECT_NE(warning(fp8).find("takes effect as 1: the MXFP8 experts"), std::string::npos);
 }
 
 TEST(ExpertWgradGroup, ConfigKey) {

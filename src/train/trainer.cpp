@@ -129,6 +129,11 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
     spdlog::warn("this rank may run on 1 of the machine's {} CPUs (mpirun binds each rank to a core by default): "
                  "the set-up and background checkpoint writes are serialised; give ranks more cores (mpirun "
                  "--bind-to none, or --map-by slot:PE=N)", machine_cpus());
+  if (rank_ == 0 && cfg.expert_wgrad_micro_batches > expert_wgrad_group(cfg))
+    spdlog::warn("expert_wgrad_micro_batches={} takes effect as {}: {}", cfg.expert_wgrad_micro_batches,
+                 expert_wgrad_group(cfg),
+                 cfg.fp8.enabled ? "the MXFP8 experts have their own weight-gradient kernels"
+                                 : "a group cannot hold more than the step's grad_acc_steps micro-batches");
   if (rank_ == 0)
     spdlog::info("set-up: weights {} in {:.1f} s, {:.1f} GB to the {} in {:.1f} s (with the working copies), model "
                  "buffers in {:.1f} s", cfg.init_from_pretrained.empty() ? "initialised" : "read", init_s, upload_gb,
