@@ -31,6 +31,10 @@
 #             to NCCL) and off: tokens/s and the overlapped exchange's time
 #   speed     issue 4's single-GPU figures in one call: bench_attention (8x1B, 8x7B shapes) beside PyTorch's SDPA,
 #             bench_grouped_gemm beside cuBLASLt, scripts/bench_trainer.py (8x1B, 8x7B 2 layers) beside the HF baseline
+#   epnccl    8x1B (seq 4096, mbs 1, acc 8, 6 steps): 1 GPU, then EP=2 on 2 GPUs with NCCL's defaults, with
+#             NCCL_CTA_POLICY=2 (zero-CTA where NCCL can) and with NCCL_P2P_USE_CUDA_MEMCPY=1 (copy-engine p2p), each
+#             with the backward combine overlapped and no SMs left to NCCL: whether an exchange without SMs hides
+#             under the persistent GEMMs (tokens/s per GPU, NCCL time)
 #   ep8x7b    8x7B layer shapes, 8 layers (6 if 8 do not fit), EP=2 on 2 GPUs, MXFP8 then bf16: memory plan vs
 #             measured peak, tokens/s per GPU, NCCL time and stage times (L1_8x7B_ep's settings, so since 4ad8b99
 #             with recompute_experts and per-layer columnwise weight copies)
@@ -98,6 +102,24 @@ for section in "$@"; do
     metrics one_gpu="$OUT/8x1b_1gpu/metrics.jsonl" ep2="$OUT/8x1b_ep2/metrics.jsonl" | tee "$OUT/8x1b_cmp.txt"
     grep -h "comm timing\|peak allocated\|EP exchanges" "$OUT/8x1b_ep2.log" | tee -a "$OUT/8x1b_cmp.txt"
     add "8x1B EP=2 vs 1 GPU" "$(tail -n +3 "$OUT/8x1b_cmp.txt" | head -1)"
+    ;;
+  epnccl)
+    B8="--config-name bench_8x1B backend=cuda num_train_steps=6 grad_acc_steps=8 lr_scheduler_kwargs.num_decay_steps=5 $DATA"
+    CUDA_VISIBLE_DEVICES=0 timeout 300 "$MX" $B8 output_dir="$OUT/nc_1gpu" >"$OUT/nc_1gpu.log" 2>&1
+    add "8x1B 1 GPU acc8" "rc=$?"
+    runs=(one_gpu="$OUT/nc_1gpu/metrics.jsonl")
+    for v in default NCCL_CTA_POLICY=2 NCCL_P2P_USE_CUDA_MEMCPY=1; do
+      tag=${v%%=*}
+      env_args=()
+      [[ $v == *=* ]] && env_args=(-x "$v")
+      MXTRAIN_OVERLAP_SMS=0 MXTRAIN_COMM_TIMING=1 timeout 300 "${MPIRUN[@]}" -x MXTRAIN_OVERLAP_SMS "${env_args[@]}" \
+        -np 2 "$MX" $B8 parallelism.ep_size=2 parallelism.ep_overlap=true output_dir="$OUT/nc_$tag" \
+        >"$OUT/nc_$tag.log" 2>&1
+      add "8x1B EP=2 overlap, $v" "rc=$?"
+      runs+=("$tag=$OUT/nc_$tag/metrics.jsonl")
+      grep -h "comm timing, ep group" "$OUT/nc_$tag.log" | sed 's/^.*\] //' | cut -c1-170 | head -2
+    done
+    metrics "${runs[@]}" | tee "$OUT/nc_cmp.txt"
     ;;
   epover)
     B8="--config-name bench_8x1B backend=cuda num_train_steps=6 grad_acc_steps=8 lr_scheduler_kwargs.num_decay_steps=5 $DATA"

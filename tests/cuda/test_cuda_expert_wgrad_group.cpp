@@ -139,6 +139,40 @@ TEST(CudaExpertWgradGroup, RowSetsAgainstTheSingleCalls) {
              false);
 }
 
+// Where the Hopper kernel does not run (here: forced off), the op falls back to a zeroing when overwriting and
+// one wmma call per set, with the same results.
+TEST(CudaExpertWgradGroup, FallbackWithoutTheHopperKernel) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  std::vector<RowSet> sets = {make_set({40, 0, 70}, 2, 64, 96, 81), make_set({0, 0, 0}, 1, 64, 96, 83),
+                              make_set({5, 9, 130}, 0, 64, 96, 85)};
+  const int64_t E = 3, out = 64, in = 96;
+  const auto dw0 = randn(E * out * in, 87);
+  for (const bool accumulate : {true, false}) {
+    SCOPED_TRACE(accumulate ? "accumulating" : "overwriting");
+    std::vector<float> ref = dw0;
+    std::vector<Ops::WgradRowSet> host_sets;
+    for (RowSet& r : sets) host_sets.push_back({host(r.dy, {r.R, out}), host(r.x, {r.R, in}), host_i32(r.off, {E + 1})});
+    cpu->grouped_gemm_wgrad_sets(host_sets, host(ref, {E, out, in}), accumulate);
+    std::vector<DeviceTensor> keep;
+    std::vector<Ops::WgradRowSet> dev_sets;
+    for (const RowSet& r : sets) {
+      keep.push_back(upload(*gpu, r.dy, DType::BF16, {r.R, out}));
+      keep.push_back(upload(*gpu, r.x, DType::BF16, {r.R, in}));
+      keep.push_back(upload_i32(*gpu, r.off, {E + 1}));
+      dev_sets.push_back({keep[keep.size() - 3].t, keep[keep.size() - 2].t, keep.back().t});
+    }
+    auto DW = upload(*gpu, dw0, DType::F32, {E, out, in});
+    sm90::set_grouped_impl(sm90::GroupedImpl::Wmma);
+    gpu->grouped_gemm_wgrad_sets(dev_sets, DW, accumulate);
+    const std::string impl = sm90::last_grouped_impl();
+    sm90::set_grouped_impl(sm90::GroupedImpl::Auto);
+    EXPECT_EQ(impl, "wmma");
+    EXPECT_CLOSE_REL(download(*gpu, DW), ref, 1e-5);
+  }
+}
+
 TrainedRun train(int64_t group, int64_t acc, bool graphs) {
   TrainConfig c = tiny_config("mxtrain_test_cuda_expert_wgrad_group", 64, 128);
   c.num_train_steps = 6;
