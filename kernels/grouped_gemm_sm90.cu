@@ -45,6 +45,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -582,13 +583,24 @@ std::atomic<int> g_store{0};  // 0: env, 1: TMA stores, 2: direct stores
 std::atomic<int> g_wgrad_tma{0};  // 0: env, 1: TMA reduce-adds, 2: red.global
 thread_local const char* g_last_impl = "none";
 
+// The index in `choices` of environment variable `var`'s value, read once per call site (unset or empty: 0); an
+// error naming the variable, its value and the choices for anything else.
+int env_choice(const char* var, std::initializer_list<const char*> choices) {
+  const char* s = std::getenv(var);
+  if (s == nullptr || *s == 0) return 0;
+  int i = 0;
+  std::string list;
+  for (const char* c : choices) {
+    if (!std::strcmp(s, c)) return i;
+    list += (i++ ? ", " : "") + std::string(c);
+  }
+  cuda::fail("grouped_gemm", std::string(var) + " must be one of " + list + ", got '" + s + "'");
+}
+
 GroupedImpl env_impl() {
   static const GroupedImpl v = [] {
-    const char* s = std::getenv("MXTRAIN_GROUPED_GEMM");
-    if (s == nullptr || *s == 0 || !std::strcmp(s, "auto")) return GroupedImpl::Auto;
-    if (!std::strcmp(s, "sm90") || !std::strcmp(s, "tma")) return GroupedImpl::Sm90;
-    if (!std::strcmp(s, "wmma")) return GroupedImpl::Wmma;
-    cuda::fail("grouped_gemm", std::string("MXTRAIN_GROUPED_GEMM must be auto, sm90, tma or wmma, got '") + s + "'");
+    const int i = env_choice("MXTRAIN_GROUPED_GEMM", {"auto", "sm90", "tma", "wmma"});
+    return i == 0 ? GroupedImpl::Auto : i == 3 ? GroupedImpl::Wmma : GroupedImpl::Sm90;
   }();
   return v;
 }
@@ -596,25 +608,14 @@ GroupedImpl env_impl() {
 int tile_n() {
   const int o = g_tile_n.load();
   if (o != 0) return o;
-  static const int v = [] {
-    const char* s = std::getenv("MXTRAIN_GG_BN");
-    if (s == nullptr || *s == 0) return 256;
-    if (!std::strcmp(s, "256")) return 256;
-    if (!std::strcmp(s, "128")) return 128;
-    cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_BN must be 128 or 256, got '") + s + "'");
-  }();
+  static const int v = env_choice("MXTRAIN_GG_BN", {"256", "128"}) == 0 ? 256 : 128;
   return v;
 }
 
 int cluster_size() {
   const int o = g_cluster.load();
   if (o != 0) return o;
-  static const int v = [] {
-    const char* s = std::getenv("MXTRAIN_GG_CLUSTER");
-    if (s == nullptr || *s == 0 || !std::strcmp(s, "1")) return 1;
-    if (!std::strcmp(s, "2")) return 2;
-    cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_CLUSTER must be 1 or 2, got '") + s + "'");
-  }();
+  static const int v = 1 + env_choice("MXTRAIN_GG_CLUSTER", {"1", "2"});
   return v;
 }
 
@@ -622,12 +623,7 @@ int cluster_size() {
 bool store_epilogue() {
   const int o = g_store.load();
   if (o != 0) return o == 1;
-  static const bool v = [] {
-    const char* s = std::getenv("MXTRAIN_GG_STORE");
-    if (s == nullptr || *s == 0 || !std::strcmp(s, "tma")) return true;
-    if (!std::strcmp(s, "direct")) return false;
-    cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_STORE must be tma or direct, got '") + s + "'");
-  }();
+  static const bool v = env_choice("MXTRAIN_GG_STORE", {"tma", "direct"}) == 0;
   return v;
 }
 
@@ -635,24 +631,13 @@ bool store_epilogue() {
 bool wgrad_tma_epilogue() {
   const int o = g_wgrad_tma.load();
   if (o != 0) return o == 1;
-  static const bool v = [] {
-    const char* s = std::getenv("MXTRAIN_GG_WGRAD_EPI");
-    if (s == nullptr || *s == 0 || !std::strcmp(s, "tma")) return true;
-    if (!std::strcmp(s, "red")) return false;
-    cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_WGRAD_EPI must be tma or red, got '") + s + "'");
-  }();
+  static const bool v = env_choice("MXTRAIN_GG_WGRAD_EPI", {"tma", "red"}) == 0;
   return v;
 }
 
 // MXTRAIN_GG_FAULT=mask|tail breaks the kernels on purpose, so a GPU run can check that the tests catch it.
 int fault_injection() {
-  static const int v = [] {
-    const char* s = std::getenv("MXTRAIN_GG_FAULT");
-    if (s == nullptr || *s == 0) return 0;
-    if (!std::strcmp(s, "mask")) return 1;
-    if (!std::strcmp(s, "tail")) return 2;
-    cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_FAULT must be mask or tail, got '") + s + "'");
-  }();
+  static const int v = env_choice("MXTRAIN_GG_FAULT", {"none", "mask", "tail"});
   return v;
 }
 
