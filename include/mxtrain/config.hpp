@@ -39,11 +39,13 @@ struct DatasetConfig {
   int64_t micro_batch_size = 1;
   int64_t max_seq_length = 128;
   int64_t stride = 0;            // tokens shared by consecutive windows (HF tokenizer "stride")
-  std::string source = "embedded";  // embedded | fasta | fastq | mmidx | tokens | auto (by file name)
+  std::string source = "embedded";  // embedded | random | fasta | fastq | mmidx | tokens | auto (by file name)
   std::vector<std::string> paths;   // files, globs or indexed-dataset prefixes
   std::vector<double> weights;      // one blend weight per path; empty: all paths read as one stream
   std::string token_dtype = "uint16";  // flat token files: uint16 | uint32
   bool shuffle = true;
+  // The built-in sources (embedded, random) read no files.
+  bool builtin_source() const { return source == "embedded" || source == "random"; }
   std::string tokenizer = "byte";   // FASTA/FASTQ: byte | nucleotide | protein
   bool uppercase = true;            // byte / nucleotide: upper-case residues
   double reverse_complement_prob = 0.0;  // nucleotide: chance a unit is read reverse-complemented

@@ -165,7 +165,7 @@ void check_dataset(const DatasetConfig& d, const ModelConfig& m) {
           fmt::format("dataset.stride ({}) must be >= 0 and smaller than dataset.max_seq_length ({})", d.stride,
                       d.max_seq_length));
   require_one_of(d.source, {"embedded", "random", "fasta", "fastq", "mmidx", "tokens", "auto"}, "dataset.source");
-  if (d.source == "embedded" || d.source == "random")
+  if (d.builtin_source())
     require(d.paths.empty(), fmt::format("dataset.paths lists {} file(s) but dataset.source is '{}', which "
                                          "reads none; set dataset.source=fasta or tokens", d.paths.size(), d.source));
   else
@@ -315,7 +315,7 @@ void check_rest(TrainConfig& c) {
   require_non_negative(c.validation.every_n_steps, "validation.every_n_steps");
   require_positive(c.validation.num_batches, "validation.num_batches");
   if (c.validation.every_n_steps > 0) {
-    require(c.dataset.source != "embedded" && c.dataset.source != "random",
+    require(!c.dataset.builtin_source(),
             fmt::format("validation.every_n_steps > 0 needs held-out data, but dataset.source is '{}' (no files, "
                         "nothing held out): set dataset.source and dataset.paths, and validation.paths",
                         c.dataset.source));
@@ -363,7 +363,7 @@ void validate_for_run(const TrainConfig& c, int world_size) {
                                   "rank(s); run under mpirun -np {} or {}", dp, ep, dp * ep, world_size,
                                   dp * ep, fix));
   }
-  if (c.dataset.source != "embedded" && c.dataset.source != "random") {
+  if (!c.dataset.builtin_source()) {
     for (const auto& p : c.dataset.paths) {
       // A glob or an indexed-dataset prefix names no single file: open_corpus checks what it expands to.
       if (p.find_first_of("*?[") != std::string::npos) continue;

@@ -125,7 +125,7 @@ void check_special(const char* key, int64_t id, const detail::Tokenizer& tok, in
 
 Corpus open_corpus(const DatasetConfig& cfg, int64_t vocab) {
   if (vocab <= 0) throw DataError("open_corpus: vocab_size must be positive, got " + std::to_string(vocab));
-  if (cfg.source == "embedded" || cfg.source == "random") {
+  if (cfg.builtin_source()) {
     Corpus c(load_tokens(cfg, vocab));  // checks the vocabulary and the window length
     for (const auto& p : c.sources()[0].parts) p->set_limit(vocab);
     return c;
