@@ -28,10 +28,18 @@ __device__ __forceinline__ void adamw_one(float& p, float g, float& m, float& v,
   p = __fsub_rn(__fmul_rn(p, s.decay), __fdiv_rn(__fmul_rn(s.step_size, m), denom));
 }
 
+// Writes the updated param to the working copy w (when there is one) for the elements below wn.
+template <typename TW>
+__device__ __forceinline__ void put_working(TW* w, int64_t wn, int64_t i, float p) {
+  if (w != nullptr && i < wn) cuda::st(w, i, p);
+}
+
 // All four pointers 16-byte aligned: float4 over n/4 groups; the caller handles the n%4 tail with the
 // scalar kernel.
+template <typename TW>
 __global__ void adamw_vec4_kernel(float4* __restrict__ p, const float4* __restrict__ g, float4* __restrict__ m,
-                                  float4* __restrict__ v, int64_t n4, const AdamScalars s) {
+                                  float4* __restrict__ v, int64_t n4, const AdamScalars s, TW* __restrict__ w,
+                                  int64_t wn) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += stride) {
     float4 pp = p[i], mm = m[i], vv = v[i];
@@ -43,11 +51,17 @@ __global__ void adamw_vec4_kernel(float4* __restrict__ p, const float4* __restri
     p[i] = pp;
     m[i] = mm;
     v[i] = vv;
+    put_working(w, wn, 4 * i, pp.x);
+    put_working(w, wn, 4 * i + 1, pp.y);
+    put_working(w, wn, 4 * i + 2, pp.z);
+    put_working(w, wn, 4 * i + 3, pp.w);
   }
 }
 
+template <typename TW>
 __global__ void adamw_scalar_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                                    float* __restrict__ v, int64_t n, const AdamScalars s) {
+                                    float* __restrict__ v, int64_t n, const AdamScalars s, TW* __restrict__ w,
+                                    int64_t wn) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     float pi = p[i], mi = m[i], vi = v[i];
@@ -55,15 +69,15 @@ __global__ void adamw_scalar_kernel(float* __restrict__ p, const float* __restri
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
+    put_working(w, wn, i, pi);
   }
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-}  // namespace
-
-void CudaOps::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                         const AdamWStep& s) {
+template <typename TW>
+void adamw_launch(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s,
+                  TW* w, int64_t wn, cudaStream_t stream) {
   const char* op = "adamw_step";
   const int64_t n = param.numel();
   float* pp = cuda::f32(param, op, "param");
@@ -92,18 +106,38 @@ void CudaOps::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& 
   int64_t done = 0;
   if (aligned16(pp) && aligned16(gp) && aligned16(mp) && aligned16(vp) && n >= 4) {
     const int64_t n4 = n / 4;
-    adamw_vec4_kernel<<<cuda::blocks_for(n4, kThreads), kThreads, 0, ctx_->stream>>>(
+    adamw_vec4_kernel<<<cuda::blocks_for(n4, kThreads), kThreads, 0, stream>>>(
         reinterpret_cast<float4*>(pp), reinterpret_cast<const float4*>(gp), reinterpret_cast<float4*>(mp),
-        reinterpret_cast<float4*>(vp), n4, sc);
+        reinterpret_cast<float4*>(vp), n4, sc, w, wn);
     cuda::check_launch(op);
     done = n4 * 4;
   }
   if (done < n) {
     const int64_t rest = n - done;
-    adamw_scalar_kernel<<<cuda::blocks_for(rest, kThreads), kThreads, 0, ctx_->stream>>>(
-        pp + done, gp + done, mp + done, vp + done, rest, sc);
+    adamw_scalar_kernel<<<cuda::blocks_for(rest, kThreads), kThreads, 0, stream>>>(
+        pp + done, gp + done, mp + done, vp + done, rest, sc, w ? w + done : nullptr, wn - done);
     cuda::check_launch(op);
   }
+}
+
+}  // namespace
+
+void CudaOps::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                         const AdamWStep& s) {
+  adamw_launch<float>(param, grad, m, v, s, nullptr, 0, ctx_->stream);
+}
+
+void CudaOps::adamw_step_to(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                            const AdamWStep& s, const Tensor& working) {
+  const char* op = "adamw_step_to";
+  const int64_t wn = working.numel();
+  if (wn > param.numel())
+    cuda::fail(op, "working " + working.shape_str() + " is longer than param " + param.shape_str());
+  if (wn > 0 && working.data == param.data) cuda::fail(op, "working aliases param");
+  if (working.dtype == DType::BF16)
+    adamw_launch(param, grad, m, v, s, wn ? cuda::bf16p(working, op, "working") : nullptr, wn, ctx_->stream);
+  else
+    adamw_launch(param, grad, m, v, s, wn ? cuda::f32(working, op, "working") : nullptr, wn, ctx_->stream);
 }
 
 }  // namespace mxt

@@ -16,7 +16,7 @@
 //                        on the device (kernels/mxfp8_cuda.hpp does the work)
 //   swiglu               h13, a, da, dh13 BF16; wp, dwp F32
 //   lm_head_loss         h, W, dh BF16; labels I32; loss_sum F32; dW F32 (accumulate)
-//   adamw_step           all F32
+//   adamw_step           all F32 (adamw_step_to: working BF16 or F32)
 //   zero/copy/add/mul/scale: any float dtype (copy converts F32 <-> BF16); sum_squares: F32 or BF16 in, F32 acc
 #include <cstddef>
 #include <unordered_map>
@@ -114,6 +114,8 @@ class CudaOps : public Ops {
 
   void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                   const AdamWStep& s) override;
+  void adamw_step_to(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s,
+                     const Tensor& working) override;
 
  private:
   CudaContext* ctx_;

@@ -476,6 +476,22 @@ TEST_F(CpuOpsTest, AdamwTwoStepsHandComputed) {
   EXPECT_NEAR(p[0], 0.8542630578558273, 1e-6);
 }
 
+// The default adamw_step_to (the CPU backend's): the step, then the updated master's prefix into the working copy.
+TEST_F(CpuOpsTest, AdamwStepToCopiesTheUpdatedPrefix) {
+  const int64_t n = 37;
+  FVec p = uniform(n, rng), g = uniform(n, rng), m = uniform(n, rng, -0.1f, 0.1f), v = uniform(n, rng, 0.001f, 0.1f);
+  FVec p2 = p, m2 = m, v2 = v, w(n - 4, -7.f);
+  mxt::AdamWStep s;
+  s.lr = 1e-2f;
+  s.step = 3;
+  ops->adamw_step(F(p, {n}), F(g, {n}), F(m, {n}), F(v, {n}), s);
+  ops->adamw_step_to(F(p2, {n}), F(g, {n}), F(m2, {n}), F(v2, {n}), s, F(w, {n - 4}));
+  EXPECT_EQ(p2, p);
+  EXPECT_EQ(m2, m);
+  EXPECT_EQ(v2, v);
+  EXPECT_EQ(w, FVec(p.begin(), p.end() - 4));
+}
+
 TEST_F(CpuOpsTest, AdamwGradScaleAndVectorMatchFormula) {
   const int64_t n = 50;
   FVec p = uniform(n, rng), g = uniform(n, rng), m = uniform(n, rng, -0.1f, 0.1f), v = uniform(n, rng, 0.001f, 0.1f);

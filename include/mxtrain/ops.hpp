@@ -207,6 +207,13 @@ class Ops {
   // torch.optim.AdamW semantics (decoupled weight decay), on F32 param/grad/m/v of equal numel.
   virtual void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                           const AdamWStep& s) = 0;
+  // The same step, then working[i] = the updated param[i] in working's dtype for i < working.numel() (<= param's):
+  // the optimizer writes the model's working copy in the same pass, instead of a second read of the master.
+  virtual void adamw_step_to(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                             const AdamWStep& s, const Tensor& working) {
+    adamw_step(param, grad, m, v, s);
+    copy(param.rows(0, working.numel()), working);
+  }
 };
 
 std::unique_ptr<Ops> make_cpu_ops();

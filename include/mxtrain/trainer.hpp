@@ -87,7 +87,10 @@ class Trainer {
   TrainState ckpt_state();
 
  private:
-  void refresh_working_weights();  // master -> working copy after the optimizer step
+  // master -> working copy after the optimizer step; *_written: the step already wrote that copy (this rank's part)
+  void refresh_working_weights(bool dense_written = false, bool expert_written = false);
+  // The part of fp's working copy that this rank's AdamW step writes as it updates the master (empty: none).
+  Tensor fused_working(const FlatParams& fp, const ParamShard& shard, bool sharded_master) const;
   void stop_early(int sig, int stop_ranks);  // a rank caught a stop signal: save, then run() returns
   void log_device_memory();        // peak allocated by the backend against the plan
   void load_batch(BatchLoader& from);  // next batch of `from` (training or validation) -> mb_; n_valid_

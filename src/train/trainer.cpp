@@ -194,19 +194,28 @@ TrainState Trainer::ckpt_state() {
   return s;
 }
 
-void Trainer::refresh_working_weights() {
+void Trainer::refresh_working_weights(bool dense_written, bool expert_written) {
   // (no expert working copy with MXFP8 on bf16, none apart from the master on F32: nothing to copy)
   auto copy_whole = [&](FlatParams& fp) {
     if (fp.working.data && fp.working.data != fp.master.data) ops_.copy(fp.master.rows(0, fp.working.numel()), fp.working);
   };
   if (dense_master_sharded_) {  // this rank's updated shard, then everyone's
-    ops_.copy(dense_.master, dense_.working.rows(dense_shard_.offset, dense_shard_.shard));
+    if (!dense_written) ops_.copy(dense_.master, dense_.working.rows(dense_shard_.offset, dense_shard_.shard));
     all_gather_params(dense_shard_, dense_.working);
-  } else {
+  } else if (!dense_written) {
     copy_whole(dense_);
   }
-  copy_whole(expert_);
+  if (!expert_written) copy_whole(expert_);
   if (model_) model_->invalidate_fp8_weights();  // MXFP8 copies are re-quantised by the next forward
+}
+
+Tensor Trainer::fused_working(const FlatParams& fp, const ParamShard& shard, bool sharded_master) const {
+  if (!fp.working.data || fp.working.data == fp.master.data) return Tensor();
+  if (sharded_master) return fp.working.rows(shard.offset, shard.shard);
+  // Without replicas this rank's shard is the whole (padded) master, whose first working.numel() elements the
+  // working copy mirrors; with replicas the other shards arrive in the fp32 master, so the copy stays separate.
+  if (shard.comm == nullptr) return fp.working;
+  return Tensor();
 }
 
 void Trainer::load_batch(BatchLoader& from) {
@@ -335,12 +344,19 @@ StepResult Trainer::train_step() {
   s.weight_decay = static_cast<float>(cfg_.adamw.weight_decay);
   s.step = step_ + 1;
   s.grad_scale = static_cast<float>(clip);
-  ops_.adamw_step(dense_master_sharded_ ? dense_.master : dense_.master.rows(dense_shard_.offset, dense_shard_.shard),
-                  dense_g, dense_.adam_m, dense_.adam_v, s);
-  ops_.adamw_step(expert_.master.rows(expert_shard_.offset, expert_shard_.shard), expert_g, expert_.adam_m,
-                  expert_.adam_v, s);
+  // Where it can, the step writes the bf16 working copy as it goes (one read of the fp32 master instead of two).
+  const Tensor dense_w = fused_working(dense_, dense_shard_, dense_master_sharded_);
+  const Tensor expert_w = fused_working(expert_, expert_shard_, false);
+  auto adamw = [&](const Tensor& p, const Tensor& g, const FlatParams& fp, const Tensor& w) {
+    if (w.data) ops_.adamw_step_to(p, g, fp.adam_m, fp.adam_v, s, w);
+    else ops_.adamw_step(p, g, fp.adam_m, fp.adam_v, s);
+  };
+  adamw(dense_master_sharded_ ? dense_.master : dense_.master.rows(dense_shard_.offset, dense_shard_.shard), dense_g,
+        dense_, dense_w);
+  adamw(expert_.master.rows(expert_shard_.offset, expert_shard_.shard), expert_g, expert_, expert_w);
   all_gather_params(expert_shard_, expert_.master);
-  refresh_working_weights();  // the dense master's shards reach the other ranks through the working copy
+  // the dense master's shards reach the other ranks through the working copy
+  refresh_working_weights(dense_w.data != nullptr, expert_w.data != nullptr);
   ++step_;
   graphs_warm_ = true;
   return r;
