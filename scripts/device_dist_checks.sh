@@ -35,6 +35,9 @@
 #             NCCL_CTA_POLICY=2 (zero-CTA where NCCL can) and with NCCL_P2P_USE_CUDA_MEMCPY=1 (copy-engine p2p), each
 #             with the backward combine overlapped and no SMs left to NCCL: whether an exchange without SMs hides
 #             under the persistent GEMMs (tokens/s per GPU, NCCL time)
+#   epbalance 8x1B (seq 4096, mbs 1, acc 8, 6 steps): 1 GPU and EP=2 with router_force_load_balancing=true
+#             (every expert gets the same rows): the scaling without the router's imbalance (tokens/s per GPU,
+#             NCCL time, EP load)
 #   ep8x7b    8x7B layer shapes, 8 layers (6 if 8 do not fit), EP=2 on 2 GPUs, MXFP8 then bf16: memory plan vs
 #             measured peak, tokens/s per GPU, NCCL time and stage times (L1_8x7B_ep's settings, so since 4ad8b99
 #             with recompute_experts and per-layer columnwise weight copies)
@@ -120,6 +123,16 @@ for section in "$@"; do
       grep -h "comm timing, ep group" "$OUT/nc_$tag.log" | sed 's/^.*\] //' | cut -c1-170 | head -2
     done
     metrics "${runs[@]}" | tee "$OUT/nc_cmp.txt"
+    ;;
+  epbalance)
+    B8="--config-name bench_8x1B backend=cuda num_train_steps=6 grad_acc_steps=8 lr_scheduler_kwargs.num_decay_steps=5 $DATA router_force_load_balancing=true"
+    CUDA_VISIBLE_DEVICES=0 timeout 300 "$MX" $B8 output_dir="$OUT/bal_1gpu" >"$OUT/bal_1gpu.log" 2>&1
+    add "8x1B 1 GPU, forced balance" "rc=$?"
+    MXTRAIN_COMM_TIMING=1 timeout 300 "${MPIRUN[@]}" -np 2 "$MX" $B8 parallelism.ep_size=2 output_dir="$OUT/bal_ep2" \
+      >"$OUT/bal_ep2.log" 2>&1
+    add "8x1B EP=2, forced balance" "rc=$?"
+    grep -h "EP load\|comm timing, ep group" "$OUT/bal_ep2.log" | sed 's/^.*\] //' | cut -c1-200
+    metrics one_gpu="$OUT/bal_1gpu/metrics.jsonl" ep2="$OUT/bal_ep2/metrics.jsonl" | tee "$OUT/bal_cmp.txt"
     ;;
   epover)
     B8="--config-name bench_8x1B backend=cuda num_train_steps=6 grad_acc_steps=8 lr_scheduler_kwargs.num_decay_steps=5 $DATA"

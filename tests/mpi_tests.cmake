@@ -33,6 +33,9 @@ mxt_mpi_check(mpi_ep4_aux_jitter 4 --dp 1 --ep 4 --acc 1 --aux-jitter)
 # expert_wgrad_micro_batches with expert parallelism: groups of 3 held and received row sets over 5 micro-batches
 # (a short last group); the first group stores the expert gradients.
 mxt_mpi_check(mpi_ep2_wgrad_group 2 --dp 1 --ep 2 --acc 5 --wgrad-group 3)
+# router_force_load_balancing (the benchmarking round-robin) under expert parallelism: every EP rank receives the
+# same rows.
+mxt_mpi_check(mpi_ep2_force_balance 2 --dp 1 --ep 2 --acc 2 --force-balance)
 # MXFP8 (HYBRID) experts and attention projections with expert and data parallelism.
 mxt_mpi_check(mpi_dp2_ep2_fp8 4 --dp 2 --ep 2 --acc 1 --fp8)
 

@@ -32,6 +32,11 @@ struct ModelConfig {
   double router_aux_loss_coef = 0.0;
   double router_jitter_noise = 0.0;
   bool tie_word_embeddings = false;
+  // The top-level key router_force_load_balancing (not an HF field): benchmarking only. Every token is sent to a
+  // fixed round-robin set of experts, so every expert receives exactly T*k/E rows of a micro-batch (T*k a
+  // multiple of E), whatever the router weights. Measures the system without the router's load imbalance, as
+  // Megatron-Core's --moe-router-force-load-balancing does; the model then does not learn to route.
+  bool router_force_load_balancing = false;
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
 };
 

@@ -71,6 +71,7 @@ struct Scratch {
   Tensor logits, dlogits;       // (T, E) F32 for the router math
   Tensor logits_act, dlogits_act;  // (T, E) the gate GEMM's own dtype (HF computes the gate in bf16)
   Tensor noise_f32;             // (T, d) jitter factors as drawn on the host
+  Tensor balanced_logits;       // (T, E) router_force_load_balancing: logits whose top-k is a round-robin
   Tensor dprobs_aux;            // (T, E)
   Tensor dtopk_w;               // (T*k)
   Tensor yp, dyp, dact, dh13, dxp, dwp;  // (R, d), (R, d), (C, f), (C, 2f), (R, d), (R)

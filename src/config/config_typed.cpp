@@ -241,6 +241,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.output_dir = r.s("output_dir");
   c.init_from_pretrained = r.s("init_from_pretrained");
   c.recompute_experts = r.b("recompute_experts");
+  c.model.router_force_load_balancing = r.b("router_force_load_balancing");
   c.expert_wgrad_micro_batches = r.i("expert_wgrad_micro_batches");
   c.lm_head_chunk_tokens = r.i("lm_head_chunk_tokens");
   c.cuda_graphs = r.b("cuda_graphs");

@@ -117,6 +117,7 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   arena_.add(s_.logits_act, "scratch.router_logits_act", A, {T_, E_});
   arena_.add(s_.dlogits_act, "scratch.drouter_logits_act", A, {T_, E_});
   if (jitter) arena_.add(s_.noise_f32, "scratch.jitter_noise_f32", F, {T_, d_});
+  if (cfg.router_force_load_balancing) arena_.add(s_.balanced_logits, "router_balanced_logits", F, {T_, E_});
   arena_.add(s_.dtopk_w, "scratch.dtopk_w", F, {R_});
   arena_.add(s_.yp, "scratch.expert_out", A, {R_, d_});
   arena_.add(s_.dyp, "scratch.dexpert_out", A, {ep_on ? R_ : Cx_, d_});  // without EP: also dye
@@ -160,6 +161,13 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   }
   if (!jitter)
     for (auto& a : acts_) a.moe_in = a.ln2;
+  if (cfg.router_force_load_balancing) {
+    // Token t's largest logits are 0, -1, ..., -(k-1) at experts k*t, k*t + 1, ... (mod E): its top-k are those.
+    std::vector<float> z(static_cast<size_t>(T_ * E_));
+    for (int64_t t = 0; t < T_; ++t)
+      for (int64_t e = 0; e < E_; ++e) z[static_cast<size_t>(t * E_ + e)] = -static_cast<float>(((e - k_ * t) % E_ + E_) % E_);
+    ops_.upload(s_.balanced_logits.data, z.data(), z.size() * sizeof(float));
+  }
   // Without expert parallelism the experts run on the permuted rows themselves.
   for (auto& a : acts_) {
     if (recompute_) {

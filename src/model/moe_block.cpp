@@ -39,6 +39,7 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   // route
   linear_forward(ops_, a.moe_in, w.gate, s_.logits_act);
   ops_.copy(s_.logits_act, s_.logits);
+  if (cfg_.router_force_load_balancing) ops_.copy(s_.balanced_logits, s_.logits);  // benchmarking only
   ops_.router_forward(s_.logits, static_cast<int>(k_), a.probs, a.topk_idx, a.topk_w);
   if (aux_on_) ops_.router_aux_stats(a.probs, a.topk_idx, s_.aux_prob_sum, s_.aux_count);
   // permute

@@ -129,6 +129,9 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
     spdlog::warn("this rank may run on 1 of the machine's {} CPUs (mpirun binds each rank to a core by default): "
                  "the set-up and background checkpoint writes are serialised; give ranks more cores (mpirun "
                  "--bind-to none, or --map-by slot:PE=N)", machine_cpus());
+  if (rank_ == 0 && cfg.model.router_force_load_balancing)
+    spdlog::warn("router_force_load_balancing=true (benchmarking only): every token goes to a fixed round-robin of "
+                 "experts, not to the router's choice; the model does not learn to route");
   if (rank_ == 0 && cfg.expert_wgrad_micro_batches > expert_wgrad_group(cfg))
     spdlog::warn("expert_wgrad_micro_batches={} takes effect as {}: {}", cfg.expert_wgrad_micro_batches,
                  expert_wgrad_group(cfg),

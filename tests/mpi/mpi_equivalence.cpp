@@ -5,7 +5,7 @@
 // or micro_batch_size x world with --mode batch) and broadcasts what it got.
 //
 //   mpirun -np 4 mxtrain_mpi_check --dp 2 --ep 2 [--steps 10] [--micro 1] [--acc 2] [--mode acc|batch]
-//                                  [--capacity F] [--aux-jitter] [--fp8] [--wgrad-group G] [--backend cpu|cuda] [--tol-scale X]
+//                                  [--capacity F] [--aux-jitter] [--fp8] [--wgrad-group G] [--force-balance] [--backend cpu|cuda] [--tol-scale X]
 // Exit status 0 when every check passes on every rank. --backend cuda (one GPU per local rank, NCCL) runs
 // the same comparison on GPU ranks with bf16 tolerances (loss 2e-3, norm 2e-2, weights 2e-3, x tol-scale).
 #include <mpi.h>
@@ -36,6 +36,7 @@ struct Args {
   bool aux_jitter = false;
   bool fp8 = false;
   int64_t wgrad_group = 1;
+  bool force_balance = false;
   std::string backend = "cpu";
   double tol_scale = 1;
 };
@@ -61,6 +62,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--aux-jitter") a.aux_jitter = true;
     else if (k == "--fp8") a.fp8 = true;
     else if (k == "--wgrad-group") a.wgrad_group = std::stoll(val());
+    else if (k == "--force-balance") a.force_balance = true;
     else if (k == "--backend") a.backend = val();
     else if (k == "--tol-scale") a.tol_scale = std::stod(val());
     else {
@@ -102,6 +104,7 @@ mxt::TrainConfig tiny_config(const Args& a, bool gpu) {
   c.parallelism.timeout_s = 120;
   c.parallelism.ep_capacity_factor = a.capacity;
   c.expert_wgrad_micro_batches = a.wgrad_group;
+  c.model.router_force_load_balancing = a.force_balance;
   if (a.fp8) {  // MXFP8 needs widths (and the K/V projection) in multiples of 32
     c.fp8.enabled = true;
     c.fp8.fp8_format = "HYBRID";
