@@ -41,6 +41,7 @@ struct CudaContext {
   };
   Staging staging[8];
   unsigned staging_next = 0;
+  Staging readback;  // download_overlapped's pinned buffer and the event after its copy
 
   // A second stream for independent kernels that fill each other's idle SMs (the attention backward's dQ beside
   // its dK/dV): fork() returns it, ordered after the work queued on `stream` so far; join() orders `stream` after

@@ -93,10 +93,11 @@ CudaContext::~CudaContext() {
   if (join_ev_) cudaEventDestroy(join_ev_);
   if (side_) cudaStreamDestroy(side_);
   for (Slot& s : slots_) cudaFree(s.ptr);
-  for (Staging& s : staging) {
-    if (s.done) cudaEventSynchronize(s.done);
-    if (s.done) cudaEventDestroy(s.done);
-    if (s.host) cudaFreeHost(s.host);
+  for (Staging* s : {staging, staging + 1, staging + 2, staging + 3, staging + 4, staging + 5, staging + 6,
+                     staging + 7, &readback}) {
+    if (s->done) cudaEventSynchronize(s->done);
+    if (s->done) cudaEventDestroy(s->done);
+    if (s->host) cudaFreeHost(s->host);
   }
 }
 
@@ -220,6 +221,26 @@ void CudaOps::graph_destroy(void* graph) {
 void CudaOps::download(void* host_dst, const void* src, size_t bytes) {
   cuda::check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, ctx_->stream), "download", "memcpy");
   cuda::check(cudaStreamSynchronize(ctx_->stream), "download", "stream sync");
+}
+
+void CudaOps::download_overlapped(void* host_dst, const void* src, size_t bytes,
+                                  const std::function<void()>& meanwhile) {
+  const char* op = "download_overlapped";
+  CudaContext::Staging& s = ctx_->readback;
+  if (s.done == nullptr) cuda::check(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), op, "event");
+  if (s.bytes < bytes) {
+    cuda::check(cudaEventSynchronize(s.done), op, "wait for the readback buffer");
+    if (s.host) cuda::check(cudaFreeHost(s.host), op, "cudaFreeHost");
+    s.host = nullptr;
+    s.bytes = 0;
+    cuda::check(cudaMallocHost(&s.host, bytes), op, "cudaMallocHost");
+    s.bytes = bytes;
+  }
+  cuda::check(cudaMemcpyAsync(s.host, src, bytes, cudaMemcpyDeviceToHost, ctx_->stream), op, "memcpy");
+  cuda::check(cudaEventRecord(s.done, ctx_->stream), op, "event record");
+  meanwhile();
+  cuda::check(cudaEventSynchronize(s.done), op, "wait for the copy");
+  std::memcpy(host_dst, s.host, bytes);
 }
 
 void CudaOps::synchronize() { cuda::check(cudaStreamSynchronize(ctx_->stream), "synchronize", "stream sync"); }

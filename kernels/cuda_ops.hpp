@@ -48,6 +48,8 @@ class CudaOps : public Ops {
   void graph_launch(void* graph) override;
   void graph_destroy(void* graph) override;
   void download(void* host_dst, const void* src, size_t bytes) override;
+  void download_overlapped(void* host_dst, const void* src, size_t bytes,
+                           const std::function<void()>& meanwhile) override;
   void synchronize() override;
   size_t peak_allocated() const override;
   void set_sm_reserve(int sms) override;

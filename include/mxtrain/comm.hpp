@@ -185,12 +185,12 @@ struct EpSplits {
 // ascending order) and the counts peers send me, recv_from[p * El + e] for my local expert e, with El = E/ep.
 void plan_ep_splits(const std::vector<int32_t>& my_counts, const std::vector<int32_t>& recv_from, int ep_size,
                     EpSplits& out);
-// THE place where routing reaches the host: downloads the permutation offsets [E+1] (a device sync on the
-// CUDA backend), all-gathers the per-expert counts over the EP group on host memory (every rank then knows every
+// THE place where routing reaches the host: downloads the permutation offsets [E+1] (the host waits for the
+// device up to them, while the device runs what `meanwhile` enqueues after them), all-gathers the per-expert counts over the EP group on host memory (every rank then knows every
 // rank's load, for the imbalance statistics; it keeps what is sent to it), plans the splits and
 // checks the receive capacity (throws naming parallelism.ep_capacity_factor when it is exceeded).
 void exchange_expert_counts(Ops& ops, const Tensor& offsets, int64_t num_experts, const ExpertParallel& ep,
-                            int64_t capacity_rows, EpSplits& out);
+                            int64_t capacity_rows, EpSplits& out, const std::function<void()>& meanwhile = {});
 // What the exchanges above saw in this process: how evenly the routed rows fell on this rank's experts, and how
 // long the host waited for the device (the counts download drains the stream) and for the peers (the count
 // exchange returns when the slowest EP rank reaches the same layer). Rows sent and received are per layer.

@@ -152,7 +152,7 @@ class MixtralModel {
   void experts_backward(int l, int64_t n, const Tensor& off, const Tensor& dye,
                         const std::function<void()>& combine);  // bf16
   // Expert parallelism (moe_dispatch.cpp): rows to / from the ranks that own the experts.
-  int64_t moe_dispatch(int l);     // xp, wp -> xe, we; returns the rows received
+  int64_t moe_dispatch(int l, const std::function<void()>& permute);  // xp, wp -> xe, we; returns the rows received
   void moe_combine(int l, const Tensor& ye);            // expert outputs (n rows) -> s_.yp
   void moe_dispatch_grad(int l, const Tensor& dye);   // s_.dyp -> dye
   // s_.dxe, s_.dwe -> s_.dxp, s_.dwp; start: the exchange runs alongside what follows, until wait_started()

@@ -11,6 +11,7 @@
 // - Scalars that the host may want (loss, squared norms) are accumulated into small device tensors so that
 //   a device backend never has to synchronise inside the step.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +61,13 @@ class Ops {
   // the previous micro-batch to finish.
   virtual void upload_async(void* dst, const void* host_src, size_t bytes) { upload(dst, host_src, bytes); }
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+  // download, but the device goes on with the work `meanwhile` enqueues (which must not write src) while the host
+  // waits for the copy: the host blocks only until the copy itself is done, not the work queued after it.
+  virtual void download_overlapped(void* host_dst, const void* src, size_t bytes,
+                                   const std::function<void()>& meanwhile) {
+    download(host_dst, src, bytes);
+    meanwhile();
+  }
   // Free device memory now, in bytes (0: not a device backend, nothing to check against).
   virtual size_t device_free_bytes() const { return 0; }
   // Graphs (CUDA graphs; backends without them return false / nullptr): between capture_begin and capture_end

@@ -44,11 +44,14 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   if (aux_on_) ops_.router_aux_stats(a.probs, a.topk_idx, s_.aux_prob_sum, s_.aux_count);
   // permute
   ops_.moe_plan(a.topk_idx, static_cast<int>(E_), a.offsets, a.perm);
-  ops_.moe_permute(a.moe_in, a.perm, static_cast<int>(k_), a.xp.rows(0, R_));
-  ops_.moe_permute_weights(a.topk_w.view({R_}), a.perm, a.wp);
+  auto permute = [&] {
+    ops_.moe_permute(a.moe_in, a.perm, static_cast<int>(k_), a.xp.rows(0, R_));
+    ops_.moe_permute_weights(a.topk_w.view({R_}), a.perm, a.wp);
+  };
   // dispatch
   const bool ep = ep_.size > 1;
-  const int64_t n = ep ? moe_dispatch(l) : R_;
+  if (!ep) permute();
+  const int64_t n = ep ? moe_dispatch(l, permute) : R_;
   const Tensor off = ep ? a.ep_offsets.rows(0, El_ + 1) : a.offsets;
   // experts (their output: straight into yp, or into dxe, free until the backward, for the combine)
   const Tensor ye = ep ? s_.dxe.rows(0, n) : s_.yp;

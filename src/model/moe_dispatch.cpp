@@ -12,12 +12,13 @@
 
 namespace mxt {
 
-int64_t MixtralModel::moe_dispatch(int l) {
+int64_t MixtralModel::moe_dispatch(int l, const std::function<void()>& permute) {
   TraceScope trace("ep dispatch");
   LayerActs& a = acts_[l];
   EpSplits& sp = ep_splits_[l];
-  exchange_expert_counts(ops_, a.offsets, E_, ep_, C_, sp);
-  ops_.upload(a.ep_offsets.data, sp.expert_offsets.data(), sp.expert_offsets.size() * sizeof(int32_t));
+  // The permutation runs on the device while the host waits for the counts and exchanges them.
+  exchange_expert_counts(ops_, a.offsets, E_, ep_, C_, sp, permute);
+  ops_.upload_async(a.ep_offsets.data, sp.expert_offsets.data(), sp.expert_offsets.size() * sizeof(int32_t));
   ep_.comm->exchange_pieces({{a.xp.data, a.xe.data, d_, comm_type(ops_.act_dtype())},
                              {a.wp.data, a.we.data, 1, CommType::F32}},
                             sp.by_peer, sp.by_expert, false);
