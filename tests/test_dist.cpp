@@ -114,60 +114,50 @@ TEST(EpSplits, SimulatedExchangeRoundTrips) {
         for (int e = 0; e < El; ++e) recv_from[p * El + e] = ranks[p].counts[q * El + e];
       plan_ep_splits(ranks[q].counts, recv_from, n, sp[q]);
     }
-    // The exchange by pieces: p's i-th piece sent to q meets q's i-th piece received from p.
-    auto pieces_to = [](const std::vector<Comm::Piece>& all, int peer) {
-      std::vector<Comm::Piece> out;
-      for (const Comm::Piece& x : all)
-        if (x.peer == peer) out.push_back(x);
-      return out;
-    };
-    std::vector<std::vector<std::pair<int, int>>> xe(n);
-    std::vector<std::vector<int>> xe_expert(n);
+    // The all-to-all: rank q receives, from each p, p's rows of q's experts.
+    std::vector<std::vector<std::pair<int, int>>> received(n);
+    std::vector<std::vector<int>> received_expert(n);
     for (int q = 0; q < n; ++q) {
-      xe[q].assign(sp[q].recv_rows, {-1, -1});
-      xe_expert[q].assign(sp[q].recv_rows, -1);
+      received[q].resize(sp[q].recv_rows);
+      received_expert[q].resize(sp[q].recv_rows);
       for (int p = 0; p < n; ++p) {
         ASSERT_EQ(sp[p].send_counts[q], sp[q].recv_counts[p]) << "trial " << trial;
-        const auto sends = pieces_to(sp[p].by_peer, q), recvs = pieces_to(sp[q].by_expert, p);
-        ASSERT_EQ(sends.size(), recvs.size()) << "trial " << trial;
-        for (size_t i = 0; i < sends.size(); ++i) {
-          ASSERT_EQ(sends[i].rows, recvs[i].rows) << "trial " << trial;
-          EXPECT_GT(sends[i].rows, 0);
-          for (int64_t j = 0; j < sends[i].rows; ++j) {
-            xe[q][recvs[i].row + j] = ranks[p].rows[sends[i].row + j];
-            xe_expert[q][recvs[i].row + j] = ranks[p].expert[sends[i].row + j];
-          }
+        for (int64_t i = 0; i < sp[p].send_counts[q]; ++i) {
+          received[q][sp[q].recv_displs[p] + i] = ranks[p].rows[sp[p].send_displs[q] + i];
+          received_expert[q][sp[q].recv_displs[p] + i] = ranks[p].expert[sp[p].send_displs[q] + i];
         }
       }
     }
     std::set<std::pair<int, int>> seen;
     for (int q = 0; q < n; ++q) {
-      const int32_t* off = sp[q].expert_offsets.data();
-      ASSERT_EQ(sp[q].expert_offsets.size(), static_cast<size_t>(El + 1));
+      const int32_t* off = sp[q].meta.data();
+      const int32_t* order = off + El + 1;
       ASSERT_EQ(off[0], 0);
       ASSERT_EQ(off[El], sp[q].recv_rows);
       // Expert-major: every row in local expert e's range belongs to global expert q*El + e, ordered by
-      // (source rank, slot), and every received row was written once.
+      // (source rank, slot).
+      std::vector<std::pair<int, int>> xe(sp[q].recv_rows);
+      for (int64_t r = 0; r < sp[q].recv_rows; ++r) xe[r] = received[q][order[r]];
       for (int e = 0; e < El; ++e) {
         for (int32_t r = off[e]; r < off[e + 1]; ++r) {
-          EXPECT_EQ(xe_expert[q][r], q * El + e) << "trial " << trial;
+          EXPECT_EQ(received_expert[q][order[r]], q * El + e) << "trial " << trial;
           if (r > off[e]) {
-            EXPECT_LT(xe[q][r - 1], xe[q][r]) << "trial " << trial;
+            EXPECT_LT(xe[r - 1], xe[r]) << "trial " << trial;
           }
-          EXPECT_TRUE(seen.insert(xe[q][r]).second) << "row received twice";
+          EXPECT_TRUE(seen.insert(xe[r]).second) << "row received twice";
         }
       }
+      // combine: scatter back to peer-major order, then the reverse all-to-all restores every rank's rows.
+      std::vector<std::pair<int, int>> back(sp[q].recv_rows);
+      for (int64_t r = 0; r < sp[q].recv_rows; ++r) back[order[r]] = xe[r];
+      EXPECT_EQ(back, received[q]);
     }
     EXPECT_EQ(static_cast<int>(seen.size()), n * T * k);  // every routed row reached its expert once
-    // The combine: the same pieces the other way round restore every rank's permuted rows.
     for (int p = 0; p < n; ++p) {
-      std::vector<std::pair<int, int>> returned(ranks[p].rows.size(), {-1, -1});
-      for (int q = 0; q < n; ++q) {
-        const auto sends = pieces_to(sp[q].by_expert, p), recvs = pieces_to(sp[p].by_peer, q);
-        ASSERT_EQ(sends.size(), recvs.size());
-        for (size_t i = 0; i < sends.size(); ++i)
-          for (int64_t j = 0; j < sends[i].rows; ++j) returned[recvs[i].row + j] = xe[q][sends[i].row + j];
-      }
+      std::vector<std::pair<int, int>> returned(ranks[p].rows.size());
+      for (int q = 0; q < n; ++q)
+        for (int64_t i = 0; i < sp[q].recv_counts[p]; ++i)
+          returned[sp[p].send_displs[q] + i] = received[q][sp[q].recv_displs[p] + i];
       EXPECT_EQ(returned, ranks[p].rows) << "trial " << trial << " rank " << p;
     }
   }
@@ -190,8 +180,6 @@ class ShapeOnlyComm : public Comm {
   const std::string& name() const override { return name_; }
   void all_to_all_v(const void*, const int64_t*, const int64_t*, void*, const int64_t*, const int64_t*, int64_t,
                     CommType) override {}
-  void exchange_pieces(const std::vector<Payload>&, const std::vector<Piece>&, const std::vector<Piece>&,
-                       bool) override {}
   void all_reduce_sum(void*, int64_t, CommType) override {}
   void reduce_scatter_sum(const void*, void*, int64_t, CommType) override {}
   void all_gather(const void*, void*, int64_t, CommType) override {}

@@ -76,16 +76,6 @@ class Comm {
         all_to_all_v(p.send, send_counts, send_displs, p.recv, recv_counts, recv_displs, p.row_elems, p.type);
     }
   }
-  // Rows in pieces: this rank's i-th send piece to peer p is matched with peer p's i-th receive piece from this
-  // rank, which must have the same number of rows; each piece is `rows` rows from row `row` of every payload's
-  // buffer. So a receiver can place each piece where it belongs (the expert parallelism's expert-major layout)
-  // without a reorder afterwards. start: as start_all_to_all_v.
-  struct Piece {
-    int peer;
-    int64_t row, rows;
-  };
-  virtual void exchange_pieces(const std::vector<Payload>& parts, const std::vector<Piece>& sends,
-                               const std::vector<Piece>& recvs, bool start) = 0;
   // buf[i] = sum over ranks of buf[i], in place.
   virtual void all_reduce_sum(void* buf, int64_t count, CommType type) = 0;
   // recv[0, count) = sum over ranks of send[rank*count, (rank+1)*count). send holds size()*count elements.
@@ -173,13 +163,9 @@ struct EpSplits {
   std::vector<int64_t> send_counts, send_displs;  // [ep]: my permuted rows for peer p (its experts)
   std::vector<int64_t> recv_counts, recv_displs;  // [ep]: rows peer p sends me, received peer-major
   int64_t recv_rows = 0;                          // sum of recv_counts
-  // I32 [El + 1]: where each of my local experts' rows start among the rows I receive, which arrive expert-major
-  // (for each local expert e: peer 0's rows of e, then peer 1's, ...): the grouped GEMMs' offsets.
-  std::vector<int32_t> expert_offsets;
-  // The dispatch as pieces (Comm::exchange_pieces), one per (peer, expert) with rows, in expert order per peer:
-  // by_peer cuts my permuted rows (send_displs' runs) at expert boundaries, by_expert places the received rows
-  // expert-major. The dispatch sends by_peer and receives by_expert; the combine the reverse.
-  std::vector<Comm::Piece> by_peer, by_expert;
+  // I32 [El + 1 + recv_rows]: first the expert-major offsets of my local experts over the received rows
+  // (the grouped GEMMs' offsets), then the reorder: expert-major row q is received row meta[El + 1 + q].
+  std::vector<int32_t> meta;
 };
 // Pure: from my per-expert counts [E] (rows of global expert e in my permuted buffer, grouped by expert in
 // ascending order) and the counts peers send me, recv_from[p * El + e] for my local expert e, with El = E/ep.

@@ -35,7 +35,7 @@ struct LayerActs {
   Tensor xp, wp;                // (R, d), (R): permuted rows and routing weights (this rank's tokens)
   Tensor xe, we;                // (C, d), (C): the rows this rank's experts run, expert-major (EP: received;
                                 //   else aliases of xp, wp)
-  Tensor ep_offsets;            // (El+1) I32, EP only: the local experts' offsets over the received rows
+  Tensor ep_meta;               // (El+1+C) I32, EP only: local expert offsets, then the reorder (EpSplits::meta)
   Tensor h13, act;              // (C, 2f), (C, f); recompute_experts: shared scratch, rebuilt by the backward
   // fp8_config.enabled: xe and act are shared scratch (Scratch::mx_xe, mx_act) and the wgrads read these
   // columnwise MXFP8 copies instead, written by the forward (Cx = C rounded up to 32 rows).
@@ -76,6 +76,7 @@ struct Scratch {
   Tensor dtopk_w;               // (T*k)
   Tensor yp, dyp, dact, dh13, dxp, dwp;  // (R, d), (R, d), (C, f), (C, 2f), (R, d), (R)
   Tensor xp_send, wp_send;       // (R, d), (R) EP only: every layer's xp / wp (not kept for the backward)
+  Tensor ep_rows, ep_w;         // (C, d), (C) EP only: rows / weights in the all-to-all's peer-major order
   Tensor dye, dxe, dwe;         // (C, d), (C, d), (C) EP only (else aliases of dyp, dxp, dwp)
   Tensor aux_prob_sum, aux_count, aux_coef;  // (E)
   // fp8_config.enabled

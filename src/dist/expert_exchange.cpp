@@ -84,29 +84,19 @@ void plan_ep_splits(const std::vector<int32_t>& my_counts, const std::vector<int
     r += out.recv_counts[p];
   }
   out.recv_rows = r;
-  // The received rows expert-major: for each local expert e, peer 0's rows of e, then peer 1's, ...
-  out.expert_offsets.assign(static_cast<size_t>(El + 1), 0);
-  std::vector<int64_t> at(static_cast<size_t>(ep_size * El));  // where peer p's rows of my expert e go
-  for (int64_t e = 0, q = 0; e < El; ++e) {
+  // Received rows arrive peer-major (peer p's block ordered by expert); the grouped GEMMs need them
+  // expert-major: for each local expert e, peer 0's rows of e, then peer 1's, ...
+  out.meta.assign(static_cast<size_t>(El + 1 + r), 0);
+  int32_t* off = out.meta.data();
+  int32_t* order = off + El + 1;
+  int64_t q = 0;
+  for (int64_t e = 0; e < El; ++e) {
     for (int p = 0; p < ep_size; ++p) {
-      at[static_cast<size_t>(p * El + e)] = q;
-      q += recv_from[p * El + e];
+      int64_t base = out.recv_displs[p];
+      for (int64_t e2 = 0; e2 < e; ++e2) base += recv_from[p * El + e2];
+      for (int32_t i = 0; i < recv_from[p * El + e]; ++i) order[q++] = static_cast<int32_t>(base + i);
     }
-    out.expert_offsets[e + 1] = static_cast<int32_t>(q);
-  }
-  // Pieces with rows only, in expert order per peer on both sides, so the i-th send to a peer meets its i-th receive.
-  out.by_peer.clear();
-  out.by_expert.clear();
-  for (int p = 0; p < ep_size; ++p) {
-    for (int64_t e = 0, row = out.send_displs[p]; e < El; ++e) {
-      const int64_t n = my_counts[p * El + e];
-      if (n > 0) out.by_peer.push_back({p, row, n});
-      row += n;
-    }
-    for (int64_t e = 0; e < El; ++e) {
-      const int64_t n = recv_from[p * El + e];
-      if (n > 0) out.by_expert.push_back({p, at[static_cast<size_t>(p * El + e)], n});
-    }
+    off[e + 1] = static_cast<int32_t>(q);
   }
 }
 

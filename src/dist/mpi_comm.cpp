@@ -99,36 +99,6 @@ class MpiComm final : public Comm {
     MPI_Type_free(&row);
   }
 
-  // One nonblocking send / receive per piece and payload; MPI keeps the order of messages between two ranks with
-  // the same tag, so the i-th pieces meet (tag: the payload).
-  void exchange_pieces(const std::vector<Payload>& parts, const std::vector<Piece>& sends,
-                       const std::vector<Piece>& recvs, bool) override {
-    const char* op = "exchange_pieces";
-    std::vector<MPI_Request> req;
-    std::vector<MPI_Datatype> rows;
-    req.reserve((sends.size() + recvs.size()) * parts.size());
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const Payload& x = parts[i];
-      MPI_Datatype row;
-      MPI_Type_contiguous(to_int(x.row_elems, op, name_), mpi_type(x.type), &row);
-      MPI_Type_commit(&row);
-      rows.push_back(row);
-      const size_t bytes = static_cast<size_t>(x.row_elems) * comm_type_size(x.type);
-      const int tag = static_cast<int>(i);
-      for (const Piece& r : recvs)
-        MPI_Irecv(static_cast<char*>(x.recv) + r.row * bytes, to_int(r.rows, op, name_), row, r.peer, tag, comm_,
-                  &req.emplace_back());
-      for (const Piece& s : sends)
-        MPI_Isend(static_cast<const char*>(x.send) + s.row * bytes, to_int(s.rows, op, name_), row, s.peer, tag,
-                  comm_, &req.emplace_back());
-    }
-    {
-      auto g = watch(op);
-      MPI_Waitall(static_cast<int>(req.size()), req.data(), MPI_STATUSES_IGNORE);
-    }
-    for (MPI_Datatype& t : rows) MPI_Type_free(&t);
-  }
-
   void all_reduce_sum(void* buf, int64_t count, CommType type) override {
     const char* op = "all_reduce_sum";
     check_summable(type, op);
@@ -229,22 +199,6 @@ class SelfComm final : public Comm {
     const size_t row = static_cast<size_t>(row_elems) * comm_type_size(type);
     copy(static_cast<char*>(recv) + recv_displs[0] * row, static_cast<const char*>(send) + send_displs[0] * row,
          send_counts[0] * row, "all_to_all_v");
-  }
-  void exchange_pieces(const std::vector<Payload>& parts, const std::vector<Piece>& sends,
-                       const std::vector<Piece>& recvs, bool) override {
-    if (sends.size() != recvs.size())
-      throw std::invalid_argument(fmt::format("exchange_pieces on the {}: {} pieces sent to itself but {} received",
-                                              name_, sends.size(), recvs.size()));
-    for (size_t i = 0; i < sends.size(); ++i) {
-      if (sends[i].rows != recvs[i].rows)
-        throw std::invalid_argument(fmt::format("exchange_pieces on the {}: piece {} sends {} rows but receives {}",
-                                                name_, i, sends[i].rows, recvs[i].rows));
-      for (const Payload& x : parts) {
-        const size_t row = static_cast<size_t>(x.row_elems) * comm_type_size(x.type);
-        copy(static_cast<char*>(x.recv) + recvs[i].row * row, static_cast<const char*>(x.send) + sends[i].row * row,
-             sends[i].rows * row, "exchange_pieces");
-      }
-    }
   }
   void all_reduce_sum(void*, int64_t, CommType) override {}
   void reduce_scatter_sum(const void* send, void* recv, int64_t count, CommType type) override {

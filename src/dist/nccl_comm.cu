@@ -174,24 +174,6 @@ class NcclComm final : public Comm {
     });
   }
 
-  void exchange_pieces(const std::vector<Payload>& parts, const std::vector<Piece>& sends,
-                       const std::vector<Piece>& recvs, bool start) override {
-    run(start ? "all_to_all_v (overlapped)" : "all_to_all_v", !start, [&] {
-      // NCCL matches the point-to-point calls between two ranks in the order they are made.
-      check(ncclGroupStart(), "ncclGroupStart");
-      for (const Payload& x : parts) {
-        const size_t row = static_cast<size_t>(x.row_elems) * comm_type_size(x.type);
-        for (const Piece& s : sends)
-          check(ncclSend(static_cast<const char*>(x.send) + s.row * row, static_cast<size_t>(s.rows * x.row_elems),
-                         nccl_type(x.type), s.peer, comm_, stream_), "ncclSend");
-        for (const Piece& r : recvs)
-          check(ncclRecv(static_cast<char*>(x.recv) + r.row * row, static_cast<size_t>(r.rows * x.row_elems),
-                         nccl_type(x.type), r.peer, comm_, stream_), "ncclRecv");
-      }
-      check(ncclGroupEnd(), "ncclGroupEnd");
-    });
-  }
-
   void all_reduce_sum(void* buf, int64_t count, CommType type) override {
     run("all_reduce_sum", true, [&] {
       check(ncclAllReduce(buf, buf, static_cast<size_t>(count), nccl_type(type), ncclSum, comm_, stream_),

@@ -77,7 +77,7 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
     if (ep_on) {  // xp / wp are only the dispatch's send buffers: one shared scratch (below)
       if (!mx_) arena_.add(a.xe, p + "expert_in", A, {C_, d_});
       arena_.add(a.we, p + "expert_weight", F, {C_});
-      arena_.add(a.ep_offsets, p + "ep_expert_offsets", I, {El_ + 1});
+      arena_.add(a.ep_meta, p + "ep_meta", I, {El_ + 1 + C_});
     } else {
       if (!mx_) arena_.add(a.xp, p + "expert_in", A, {R_, d_});
       arena_.add(a.wp, p + "expert_weight", F, {R_});
@@ -128,6 +128,8 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   if (ep_on) {
     arena_.add(s_.xp_send, "scratch.ep_send_rows", A, {R_, d_});
     arena_.add(s_.wp_send, "scratch.ep_send_weights", F, {R_});
+    arena_.add(s_.ep_rows, "scratch.ep_rows", A, {C_, d_});
+    arena_.add(s_.ep_w, "scratch.ep_weights", F, {C_});
     arena_.add(s_.dye, "scratch.dexpert_out_local", A, {Cx_, d_});
     arena_.add(s_.dxe, "scratch.dexpert_in_local", A, {C_, d_});
     arena_.add(s_.dwe, "scratch.dexpert_weight_local", F, {C_});

@@ -52,7 +52,7 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   const bool ep = ep_.size > 1;
   if (!ep) permute();
   const int64_t n = ep ? moe_dispatch(l, permute) : R_;
-  const Tensor off = ep ? a.ep_offsets.rows(0, El_ + 1) : a.offsets;
+  const Tensor off = ep ? a.ep_meta.rows(0, El_ + 1) : a.offsets;
   // experts (their output: straight into yp, or into dxe, free until the backward, for the combine)
   const Tensor ye = ep ? s_.dxe.rows(0, n) : s_.yp;
   std::optional<TraceScope> trace_experts(std::in_place, "experts");
@@ -137,7 +137,7 @@ void MixtralModel::moe_backward(int l) {
   // combine backward = dispatch of the output gradient, with the forward's splits
   if (ep) moe_dispatch_grad(l, dye);
   const int64_t n = ep ? ep_splits_[l].recv_rows : R_;
-  const Tensor off = ep ? a.ep_offsets.rows(0, El_ + 1) : a.offsets;
+  const Tensor off = ep ? a.ep_meta.rows(0, El_ + 1) : a.offsets;
   // experts backward; dispatch backward = combine of the input and routing-weight gradients, as soon as they
   // exist: with overlap it runs alongside the w13 weight gradient, the last and largest GEMM
   const bool overlap = ep && ep_.overlap;
