@@ -480,6 +480,7 @@ TEST_F(CpuOpsTest, AdamwTwoStepsHandComputed) {
 TEST_F(CpuOpsTest, AdamwStepToCopiesTheUpdatedPrefix) {
   const int64_t n = 37;
   FVec p = uniform(n, rng), g = uniform(n, rng), m = uniform(n, rng, -0.1f, 0.1f), v = uniform(n, rng, 0.001f, 0.1f);
+  const FVec p0 = p, m0 = m, v0 = v;
   FVec p2 = p, m2 = m, v2 = v, w(n - 4, -7.f);
   mxt::AdamWStep s;
   s.lr = 1e-2f;
@@ -490,6 +491,14 @@ TEST_F(CpuOpsTest, AdamwStepToCopiesTheUpdatedPrefix) {
   EXPECT_EQ(m2, m);
   EXPECT_EQ(v2, v);
   EXPECT_EQ(w, FVec(p.begin(), p.end() - 4));
+  // An empty working copy: the plain step.
+  FVec p3 = p0, m3 = m0, v3 = v0, p4 = p0, m4 = m0, v4 = v0;
+  ops->adamw_step(F(p3, {n}), F(g, {n}), F(m3, {n}), F(v3, {n}), s);
+  ops->adamw_step_to(F(p4, {n}), F(g, {n}), F(m4, {n}), F(v4, {n}), s, mxt::Tensor());
+  EXPECT_EQ(p4, p3);
+  EXPECT_EQ(m4, m3);
+  EXPECT_EQ(v4, v3);
+  EXPECT_NE(p4, p0);
 }
 
 TEST_F(CpuOpsTest, AdamwGradScaleAndVectorMatchFormula) {

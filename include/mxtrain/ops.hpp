@@ -61,12 +61,12 @@ class Ops {
   // the previous micro-batch to finish.
   virtual void upload_async(void* dst, const void* host_src, size_t bytes) { upload(dst, host_src, bytes); }
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
-  // download, but the device goes on with the work `meanwhile` enqueues (which must not write src) while the host
+  // download, but the device goes on with the work `meanwhile` (may be empty) enqueues (not writing src) while the host
   // waits for the copy: the host blocks only until the copy itself is done, not the work queued after it.
   virtual void download_overlapped(void* host_dst, const void* src, size_t bytes,
                                    const std::function<void()>& meanwhile) {
     download(host_dst, src, bytes);
-    meanwhile();
+    if (meanwhile) meanwhile();
   }
   // Free device memory now, in bytes (0: not a device backend, nothing to check against).
   virtual size_t device_free_bytes() const { return 0; }
@@ -215,12 +215,13 @@ class Ops {
   // torch.optim.AdamW semantics (decoupled weight decay), on F32 param/grad/m/v of equal numel.
   virtual void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                           const AdamWStep& s) = 0;
-  // The same step, then working[i] = the updated param[i] in working's dtype for i < working.numel() (<= param's):
-  // the optimizer writes the model's working copy in the same pass, instead of a second read of the master.
+  // The same step, then working[i] = the updated param[i] in working's dtype for i < working.numel() (<= param's;
+  // an empty working: the plain step): the optimizer writes the model's working copy in the same pass, instead of
+  // a second read of the master.
   virtual void adamw_step_to(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                              const AdamWStep& s, const Tensor& working) {
     adamw_step(param, grad, m, v, s);
-    copy(param.rows(0, working.numel()), working);
+    if (working.numel() > 0) copy(param.rows(0, working.numel()), working);
   }
 };
 

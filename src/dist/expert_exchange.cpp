@@ -105,7 +105,7 @@ void exchange_expert_counts(Ops& ops, const Tensor& offsets, int64_t num_experts
   const int64_t E = num_experts, El = E / ep.size;
   std::vector<int32_t> off(static_cast<size_t>(E + 1)), mine(static_cast<size_t>(E)), theirs(static_cast<size_t>(E));
   auto t0 = std::chrono::steady_clock::now();
-  ops.download_overlapped(off.data(), offsets.data, off.size() * sizeof(int32_t), meanwhile ? meanwhile : [] {});
+  ops.download_overlapped(off.data(), offsets.data, off.size() * sizeof(int32_t), meanwhile);
   g_stats.download_s += seconds_since(t0);
   for (int64_t e = 0; e < E; ++e) mine[e] = off[e + 1] - off[e];
   // Every rank's counts of every expert: all[p * E + e]. I keep what peers send to my experts [rank*El, +El).

@@ -350,13 +350,10 @@ StepResult Trainer::train_step() {
   // Where it can, the step writes the bf16 working copy as it goes (one read of the fp32 master instead of two).
   const Tensor dense_w = fused_working(dense_, dense_shard_, dense_master_sharded_);
   const Tensor expert_w = fused_working(expert_, expert_shard_, false);
-  auto adamw = [&](const Tensor& p, const Tensor& g, const FlatParams& fp, const Tensor& w) {
-    if (w.data) ops_.adamw_step_to(p, g, fp.adam_m, fp.adam_v, s, w);
-    else ops_.adamw_step(p, g, fp.adam_m, fp.adam_v, s);
-  };
-  adamw(dense_master_sharded_ ? dense_.master : dense_.master.rows(dense_shard_.offset, dense_shard_.shard), dense_g,
-        dense_, dense_w);
-  adamw(expert_.master.rows(expert_shard_.offset, expert_shard_.shard), expert_g, expert_, expert_w);
+  ops_.adamw_step_to(dense_master_sharded_ ? dense_.master : dense_.master.rows(dense_shard_.offset, dense_shard_.shard),
+                     dense_g, dense_.adam_m, dense_.adam_v, s, dense_w);
+  ops_.adamw_step_to(expert_.master.rows(expert_shard_.offset, expert_shard_.shard), expert_g, expert_.adam_m,
+                     expert_.adam_v, s, expert_w);
   all_gather_params(expert_shard_, expert_.master);
   // the dense master's shards reach the other ranks through the working copy
   refresh_working_weights(dense_w.data != nullptr, expert_w.data != nullptr);
