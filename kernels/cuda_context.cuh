@@ -38,7 +38,6 @@ struct CudaContext {
     void* host = nullptr;
     size_t bytes = 0;
     cudaEvent_t done = nullptr;
-    void reserve(size_t want, const char* op);
   };
   Staging staging[8];
   unsigned staging_next = 0;
