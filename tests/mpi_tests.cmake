@@ -36,6 +36,10 @@ mxt_mpi_check(mpi_ep2_wgrad_group 2 --dp 1 --ep 2 --acc 5 --wgrad-group 3)
 # router_force_load_balancing (the benchmarking round-robin) under expert parallelism: every EP rank receives the
 # same rows.
 mxt_mpi_check(mpi_ep2_force_balance 2 --dp 1 --ep 2 --acc 2 --force-balance)
+# parallelism.ep_rebalance_interval: experts re-placed after every step by its routing (relabelled: the losses,
+# norms and weights, mapped back through the run's expert labels, are the one rank's).
+mxt_mpi_check(mpi_ep2_rebalance 2 --dp 1 --ep 2 --acc 2 --rebalance 1)
+mxt_mpi_check(mpi_ep4_rebalance 4 --dp 1 --ep 4 --acc 1 --rebalance 2 --experts 8)
 # MXFP8 (HYBRID) experts and attention projections with expert and data parallelism.
 mxt_mpi_check(mpi_dp2_ep2_fp8 4 --dp 2 --ep 2 --acc 1 --fp8)
 

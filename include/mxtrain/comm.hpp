@@ -166,6 +166,7 @@ struct EpSplits {
   // I32 [El + 1 + recv_rows]: first the expert-major offsets of my local experts over the received rows
   // (the grouped GEMMs' offsets), then the reorder: expert-major row q is received row meta[El + 1 + q].
   std::vector<int32_t> meta;
+  std::vector<int64_t> expert_rows;  // [E]: rows routed to each expert by the whole EP group (placement statistics)
 };
 // Pure: from my per-expert counts [E] (rows of global expert e in my permuted buffer, grouped by expert in
 // ascending order) and the counts peers send me, recv_from[p * El + e] for my local expert e, with El = E/ep.

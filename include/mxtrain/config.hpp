@@ -79,6 +79,7 @@ struct ParallelismConfig {
   double ep_capacity_factor = 0.0;  // expert receive buffers in rows, x T*k; 0: the worst case (never overflows)
   bool ep_overlap = true;           // the backward's expert combine runs alongside the expert weight gradients
   bool overlap_grad_reduce = false;  // each layer's gradients reduced as the last backward finishes with them
+  int64_t ep_rebalance_interval = 0;  // every N steps re-place experts over the EP ranks by that step's load; 0: off
 };
 
 struct Fp8Config {

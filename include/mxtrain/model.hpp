@@ -1,6 +1,7 @@
 #pragma once
 // Mixtral forward and backward over the op interface (no autograd): each sublayer has an explicit forward
 // that saves into the activation arena and a backward beside it.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -143,6 +144,10 @@ class MixtralModel {
   const Tensor& final_hidden() const { return ln_final_; }  // (T, d) after the final norm, for logits dumps
   const Tensor& topk_indices(int layer) const { return acts_[layer].topk_idx; }  // (T, k) I32: the experts picked
   int64_t tokens() const { return T_; }
+  // Expert parallelism: rows the EP group routed to each expert slot [layer * E + e] over the training forwards
+  // since the last reset (parallelism.ep_rebalance_interval places experts by them).
+  const std::vector<int64_t>& expert_rows() const { return expert_rows_; }
+  void reset_expert_rows() { std::fill(expert_rows_.begin(), expert_rows_.end(), 0); }
 
  private:
   void attention_forward(int l);
@@ -192,6 +197,7 @@ class MixtralModel {
   int64_t Cx_ = 0;                 // C rounded up to 32 with MXFP8 (the columnwise copies block tokens), else C
   std::vector<LayerMxWeights> mxw_;
   bool mx_stale_ = true;
+  std::vector<int64_t> expert_rows_;  // expert_rows()
   std::vector<EpSplits> ep_splits_;  // per layer, host: the last forward's splits, reused by the backward
   AttnShape ashape_;
   ParamLayout layout_;

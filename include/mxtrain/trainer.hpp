@@ -69,6 +69,10 @@ class Trainer {
   void export_final_model(const std::string& dir);
 
   int64_t step() const { return step_; }
+  // parallelism.ep_rebalance_interval: for every slot [layer * E + g], the expert (as labelled when this process
+  // started) that it holds now; and how many slots have changed expert so far.
+  const std::vector<int32_t>& expert_origin() const { return expert_origin_; }
+  int64_t experts_moved() const { return experts_moved_; }
   // Whether micro-batches are replayed as captured graphs (cuda_graphs, from the second step; false after a
   // capture failed and the trainer went back to eager).
   bool replaying_graphs() const { return graphs_on_; }
@@ -94,7 +98,13 @@ class Trainer {
   void stop_early(int sig, int stop_ranks);  // a rank caught a stop signal: save, then run() returns
   void log_device_memory();        // peak allocated by the backend against the plan
   void load_batch(BatchLoader& from);  // next batch of `from` (training or validation) -> mb_; n_valid_
-  void start_grad_reduce(int part);  // parallelism.overlap_grad_reduce: one part's gradient ranges (trainer.cpp)
+  void start_grad_reduce(int part);
+  // parallelism.ep_rebalance_interval, after a step: re-places experts by that step's rows (expert_rebalance.cpp)
+  void rebalance_experts();
+  void permute_router_rows(const std::vector<std::vector<int>>& src);
+  void move_expert_slots(const std::vector<std::vector<int>>& src);
+  std::vector<int32_t> expert_origin_;
+  int64_t experts_moved_ = 0;  // parallelism.overlap_grad_reduce: one part's gradient ranges (trainer.cpp)
   std::vector<std::array<int64_t, 4>> grad_parts_;  // start_grad_reduce's ranges, built on first use
   // cuda_graphs: micro-batch i's forward + backward, captured on the second step (the first allocates the ops'
   // scratch) and replayed after; recaptured when its loss scale changes.

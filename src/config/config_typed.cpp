@@ -251,6 +251,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.parallelism.ep_capacity_factor = r.f("parallelism.ep_capacity_factor");
   c.parallelism.ep_overlap = r.b("parallelism.ep_overlap");
   c.parallelism.overlap_grad_reduce = r.b("parallelism.overlap_grad_reduce");
+  c.parallelism.ep_rebalance_interval = r.i("parallelism.ep_rebalance_interval");
   c.fp8.enabled = r.b("fp8_config.enabled");
   c.fp8.fp8_recipe = r.s("fp8_config.fp8_recipe");
   c.fp8.fp8_format = r.s("fp8_config.fp8_format");
@@ -301,6 +302,11 @@ void check_rest(TrainConfig& c) {
   require_positive(c.parallelism.dp_size, "parallelism.dp_size");
   require_positive(c.parallelism.ep_size, "parallelism.ep_size");
   require_non_negative(c.parallelism.ep_capacity_factor, "parallelism.ep_capacity_factor");
+  require_non_negative(static_cast<double>(c.parallelism.ep_rebalance_interval), "parallelism.ep_rebalance_interval");
+  require(c.parallelism.ep_rebalance_interval == 0 || c.parallelism.dp_size == 1,
+          fmt::format("parallelism.ep_rebalance_interval={} needs parallelism.dp_size=1 (got {}): re-placing experts "
+                      "does not yet move AdamW moments sharded over data-parallel replicas",
+                      c.parallelism.ep_rebalance_interval, c.parallelism.dp_size));
   require(c.model.num_local_experts % c.parallelism.ep_size == 0,
           fmt::format("config_kwargs.num_local_experts ({}) must be divisible by parallelism.ep_size ({})",
                       c.model.num_local_experts, c.parallelism.ep_size));

@@ -125,6 +125,9 @@ void exchange_expert_counts(Ops& ops, const Tensor& offsets, int64_t num_experts
     for (int64_t e = 0; e < El; ++e)
       theirs[static_cast<size_t>(p * El + e)] = all[static_cast<size_t>(p * E + ep.rank * El + e)];
   plan_ep_splits(mine, theirs, ep.size, out);
+  out.expert_rows.assign(static_cast<size_t>(E), 0);
+  for (int p = 0; p < ep.size; ++p)
+    for (int64_t e = 0; e < E; ++e) out.expert_rows[static_cast<size_t>(e)] += all[static_cast<size_t>(p * E + e)];
   if (out.recv_rows > capacity_rows)
     throw std::runtime_error(fmt::format(
         "expert parallelism: EP rank {} receives {} routed rows for its experts, more than its buffers hold ({} "

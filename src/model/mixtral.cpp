@@ -195,6 +195,7 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
     s_.dwe = s_.dwp;
   }
   ep_splits_.resize(acts_.size());
+  expert_rows_.assign(acts_.size() * static_cast<size_t>(E_), 0);
   for (const LayerActs& a : acts_) own_xe_act_.emplace_back(a.xe, a.act);
 }
 

@@ -52,6 +52,10 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   const bool ep = ep_.size > 1;
   if (!ep) permute();
   const int64_t n = ep ? moe_dispatch(l, permute) : R_;
+  if (ep && training) {
+    const std::vector<int64_t>& rows = ep_splits_[l].expert_rows;
+    for (int64_t e = 0; e < E_; ++e) expert_rows_[static_cast<size_t>(l * E_ + e)] += rows[static_cast<size_t>(e)];
+  }
   const Tensor off = ep ? a.ep_meta.rows(0, El_ + 1) : a.offsets;
   // experts (their output: straight into yp, or into dxe, free until the backward, for the combine)
   const Tensor ye = ep ? s_.dxe.rows(0, n) : s_.yp;

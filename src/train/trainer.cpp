@@ -123,6 +123,8 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
                                           cfg.dataset.max_seq_length, layout_, true, ep, cfg.fp8,
                                           cfg.recompute_experts, expert_wgrad_group(cfg));
   model_->bind(dense_.working, expert_weights(), dense_.grad, expert_.grad);
+  for (int64_t l = 0; l < cfg.model.num_hidden_layers; ++l)
+    for (int64_t e = 0; e < cfg.model.num_local_experts; ++e) expert_origin_.push_back(static_cast<int32_t>(e));
   if (!cfg.checkpoint.ckpt_dir.empty())
     ckpt_ = std::make_unique<Checkpointer>(cfg, world_ > 1 ? make_mpi_ckpt_comm() : nullptr);
   if (rank_ == 0 && usable_cpus() == 1 && machine_cpus() > 1)
@@ -277,6 +279,7 @@ StepResult Trainer::train_step() {
     ops_.zero(expert_.grad);
   }
   ops_.zero(loss_slots_);
+  model_->reset_expert_rows();  // ep_rebalance_interval decides by this step's routing alone
   std::vector<int64_t> n_valid(acc);
   double aux_sum = 0;
   // The step is one rank's view of acc x world micro-batches: micro-batch i of rank r is number i*world + r.
@@ -359,6 +362,8 @@ StepResult Trainer::train_step() {
   refresh_working_weights(dense_w.data != nullptr, expert_w.data != nullptr);
   ++step_;
   graphs_warm_ = true;
+  const int64_t every = cfg_.parallelism.ep_rebalance_interval;
+  if (every > 0 && groups_->layout.ep_size > 1 && step_ % every == 0) rebalance_experts();
   return r;
 }
 

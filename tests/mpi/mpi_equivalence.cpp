@@ -5,7 +5,7 @@
 // or micro_batch_size x world with --mode batch) and broadcasts what it got.
 //
 //   mpirun -np 4 mxtrain_mpi_check --dp 2 --ep 2 [--steps 10] [--micro 1] [--acc 2] [--mode acc|batch]
-//                                  [--capacity F] [--aux-jitter] [--fp8] [--wgrad-group G] [--force-balance] [--backend cpu|cuda] [--tol-scale X]
+//                                  [--capacity F] [--aux-jitter] [--fp8] [--wgrad-group G] [--force-balance] [--rebalance N] [--experts E] [--backend cpu|cuda] [--tol-scale X]
 // Exit status 0 when every check passes on every rank. --backend cuda (one GPU per local rank, NCCL) runs
 // the same comparison on GPU ranks with bf16 tolerances (loss 2e-3, norm 2e-2, weights 2e-3, x tol-scale).
 #include <mpi.h>
@@ -37,6 +37,8 @@ struct Args {
   bool fp8 = false;
   int64_t wgrad_group = 1;
   bool force_balance = false;
+  int64_t rebalance = 0;
+  int64_t experts = 0;    // config_kwargs.num_local_experts (0: the tiny config's)  // parallelism.ep_rebalance_interval: experts re-placed (relabelled) every N steps
   std::string backend = "cpu";
   double tol_scale = 1;
 };
@@ -63,6 +65,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--fp8") a.fp8 = true;
     else if (k == "--wgrad-group") a.wgrad_group = std::stoll(val());
     else if (k == "--force-balance") a.force_balance = true;
+    else if (k == "--rebalance") a.rebalance = std::stoll(val());
+    else if (k == "--experts") a.experts = std::stoll(val());
     else if (k == "--backend") a.backend = val();
     else if (k == "--tol-scale") a.tol_scale = std::stod(val());
     else {
@@ -105,6 +109,8 @@ mxt::TrainConfig tiny_config(const Args& a, bool gpu) {
   c.parallelism.ep_capacity_factor = a.capacity;
   c.expert_wgrad_micro_batches = a.wgrad_group;
   c.model.router_force_load_balancing = a.force_balance;
+  c.parallelism.ep_rebalance_interval = a.rebalance;
+  if (a.experts > 0) c.model.num_local_experts = a.experts;
   if (a.fp8) {  // MXFP8 needs widths (and the K/V projection) in multiples of 32
     c.fp8.enabled = true;
     c.fp8.fp8_format = "HYBRID";
@@ -134,6 +140,27 @@ void bcast(std::vector<float>& v) {
   MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
   v.resize(n);
   MPI_Bcast(v.data(), static_cast<int>(n), MPI_FLOAT, 0, MPI_COMM_WORLD);
+}
+
+// The reference's weights with every layer's experts (router rows and expert tensors) in the distributed run's
+// current labels: slot g of layer l holds the expert origin[l * E + g] (Trainer::expert_origin).
+void relabel(const mxt::ModelConfig& m, const std::vector<int32_t>& origin, std::vector<float>& dense,
+             std::vector<float>& expert) {
+  const int64_t E = m.num_local_experts;
+  const mxt::ParamLayout full = mxt::ParamLayout::build(m, 0, E);
+  const std::vector<float> d0 = dense, e0 = expert;
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".block_sparse_moe.";
+    for (const char* name : {"gate.weight", "experts.w13", "experts.w2"}) {
+      const mxt::ParamInfo& p = full.find(pre + name);
+      const std::vector<float>& from = p.expert ? e0 : d0;
+      std::vector<float>& to = p.expert ? expert : dense;
+      const int64_t per = p.numel / E;
+      for (int64_t g = 0; g < E; ++g)
+        std::copy_n(from.begin() + p.offset + origin[static_cast<size_t>(l * E + g)] * per, per,
+                    to.begin() + p.offset + g * per);
+    }
+  }
 }
 
 double max_abs_diff(const float* a, const float* b, int64_t n) {
@@ -228,6 +255,10 @@ int main(int argc, char** argv) {
                           std::to_string(ref.norm[s]));
     check(ref.norm[s] > cfg.max_grad_norm, "clipping inactive at step " + std::to_string(s + 1));
   }
+  if (a.rebalance > 0) {
+    check(t.experts_moved() > 0, "--rebalance: no expert was ever re-placed, so nothing of it was tested");
+    relabel(cfg.model, t.expert_origin(), ref.dense, ref.expert);
+  }
   // Weights: dense in full; this rank's experts against their slice of the reference.
   const double wd = max_abs_diff(got.dense.data(), ref.dense.data(), t.layout().dense_numel);
   double we = 0;
@@ -257,6 +288,9 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     std::printf("dp %d x ep %d (%s mode, micro %d, acc %d, %s) vs one rank, %d steps:\n", L.dp_size, L.ep_size,
                 a.mode.c_str(), a.micro, a.acc, ops->name(), a.steps);
+    if (a.rebalance > 0)
+      std::printf("  ep_rebalance_interval=%lld: %lld slots changed expert\n", static_cast<long long>(a.rebalance),
+                  static_cast<long long>(t.experts_moved()));
     std::printf("  step  loss (dist)     loss (1 rank)   grad norm (dist)  grad norm (1 rank)\n");
     for (int s = 0; s < a.steps; ++s)
       std::printf("  %4d  %.9f  %.9f  %.9f       %.9f\n", s + 1, got.loss[s], ref.loss[s], got.norm[s], ref.norm[s]);

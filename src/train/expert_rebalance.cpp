@@ -1,0 +1,172 @@
+// parallelism.ep_rebalance_interval: after every N-th step each layer's experts are re-placed over the EP ranks
+// by the rows they received in that step (balance_experts), so that the busiest rank, which every other rank
+// waits for at the combine, holds less. A move relabels experts: router row, fp32 master and AdamW moments go
+// together, the bf16 / MXFP8 copies are rebuilt, and the model's function is unchanged. Only that one step's
+// rows decide, so a run resumed from a checkpoint decides as the uninterrupted run did.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "mxtrain/expert_placement.hpp"
+#include "mxtrain/model.hpp"
+#include "mxtrain/trainer.hpp"
+
+namespace mxt {
+
+namespace {
+// Smaller gains move nothing: a move costs a pass over the layer's expert state.
+constexpr double kMinGain = 0.03;
+
+std::string layer_name(int64_t l, const char* what) {
+  return "model.layers." + std::to_string(l) + ".block_sparse_moe." + what;
+}
+}  // namespace
+
+void Trainer::rebalance_experts() {
+  const int P = groups_->layout.ep_size;
+  const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_local_experts;
+  const std::vector<int64_t>& rows = model_->expert_rows();
+  std::vector<std::vector<int>> src(static_cast<size_t>(L));
+  double before = 0, after = 0, mean = 0;
+  int moved = 0, layers = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    const std::vector<int64_t> r(rows.begin() + l * E, rows.begin() + (l + 1) * E);
+    const ExpertMoves m = balance_experts(r, P, kMinGain);
+    src[static_cast<size_t>(l)] = m.src;
+    before += static_cast<double>(m.busiest_before);
+    after += static_cast<double>(m.busiest_after);
+    for (int64_t x : r) mean += static_cast<double>(x) / P;
+    moved += m.moved;
+    layers += m.moved > 0;
+  }
+  if (moved == 0) {
+    if (rank_ == 0 && mean > 0)
+      spdlog::debug("EP rebalance after step {}: nothing to gain (busiest EP rank {:.3f}x the mean)", step_,
+                    before / mean);
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  permute_router_rows(src);
+  move_expert_slots(src);
+  refresh_working_weights();
+  ops_.synchronize();
+  std::vector<int32_t> origin(expert_origin_.size());
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t g = 0; g < E; ++g)
+      origin[static_cast<size_t>(l * E + g)] = expert_origin_[static_cast<size_t>(l * E + src[static_cast<size_t>(l)][g])];
+  expert_origin_.swap(origin);
+  experts_moved_ += moved;
+  if (rank_ == 0)
+    spdlog::info("EP rebalance after step {}: {} experts re-placed in {} of {} layers in {:.2f} s; by this step's "
+                 "routing the busiest EP rank's rows go from {:.3f}x to {:.3f}x the mean", step_, moved, layers, L,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), before / mean,
+                 after / mean);
+}
+
+// Router rows live in the dense buffers, sharded over the world (ZeRO-1): every rank contributes its part of
+// each layer's [E, d] block, all see the whole block, permute it, and write back their part.
+void Trainer::permute_router_rows(const std::vector<std::vector<int>>& src) {
+  const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_local_experts, d = cfg_.model.hidden_size;
+  const int64_t block = E * d;
+  struct Part {
+    Tensor t;
+    int64_t begin;   // flat index of t's first element
+    bool replicated;  // every rank holds it whole: only rank 0 contributes to the sum
+  };
+  const bool sharded = dense_shard_.comm != nullptr;
+  const Part parts[] = {{dense_.master, dense_master_sharded_ ? dense_shard_.offset : 0, !dense_master_sharded_},
+                        {dense_.adam_m, dense_.shard_offset, !sharded},
+                        {dense_.adam_v, dense_.shard_offset, !sharded}};
+  std::vector<float> host(static_cast<size_t>(3 * L * block), 0.f);
+  auto each_span = [&](const std::function<void(const Part&, float*, char*, int64_t)>& fn) {
+    for (int b = 0; b < 3; ++b) {
+      const Part& p = parts[b];
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t off = layout_.find(layer_name(l, "gate.weight")).offset;
+        const int64_t lo = std::max(off, p.begin), hi = std::min(off + block, p.begin + p.t.numel());
+        if (lo >= hi) continue;
+        fn(p, host.data() + (b * L + l) * block + (lo - off),
+           static_cast<char*>(p.t.data) + (lo - p.begin) * static_cast<int64_t>(sizeof(float)), hi - lo);
+      }
+    }
+  };
+  each_span([&](const Part& p, float* h, char* dev, int64_t n) {
+    if (p.replicated && rank_ != 0) return;
+    ops_.download(h, dev, static_cast<size_t>(n) * sizeof(float));
+  });
+  groups_->world_host->all_reduce_sum(host.data(), static_cast<int64_t>(host.size()), CommType::F32);
+  std::vector<float> permuted(host.size());
+  for (int64_t b = 0; b < 3 * L; ++b) {
+    const std::vector<int>& s = src[static_cast<size_t>(b % L)];
+    for (int64_t g = 0; g < E; ++g)
+      std::copy_n(host.begin() + b * block + s[static_cast<size_t>(g)] * d, d, permuted.begin() + b * block + g * d);
+  }
+  host.swap(permuted);
+  each_span([&](const Part&, float* h, char* dev, int64_t n) {
+    ops_.upload(dev, h, static_cast<size_t>(n) * sizeof(float));
+  });
+}
+
+// Expert state (fp32 master and AdamW moments, whole on every rank of an EP group since dp_size = 1) moves
+// between EP ranks with one all-to-all per (layer, tensor, role, d x f unit), staged in the expert gradient
+// buffer, which is free between steps.
+void Trainer::move_expert_slots(const std::vector<std::vector<int>>& src) {
+  if (expert_shard_.comm)
+    throw std::logic_error("move_expert_slots: expert moments sharded over DP replicas (config check missed)");
+  const int P = groups_->layout.ep_size, me = groups_->layout.ep_rank;
+  const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_local_experts, El = E / P;
+  const int64_t unit = cfg_.model.hidden_size * cfg_.model.intermediate_size;
+  if (2 * El * unit > expert_.grad.numel())
+    throw std::logic_error("move_expert_slots: the expert gradient buffer cannot stage one layer's moves");
+  const Tensor send = expert_.grad.rows(0, El * unit), recv = expert_.grad.rows(El * unit, El * unit);
+  const Tensor roles[] = {expert_.master, expert_.adam_m, expert_.adam_v};
+  Comm& comm = *groups_->ep;
+  for (int64_t l = 0; l < L; ++l) {
+    const std::vector<int>& s = src[static_cast<size_t>(l)];
+    // out[q]: my slots whose experts go to peer q, in the order of their new slots there; in[q]: my slots that
+    // receive from peer q, in order. Moves always cross ranks (balance_experts keeps a staying expert's slot).
+    std::vector<std::vector<int64_t>> out(static_cast<size_t>(P)), in(static_cast<size_t>(P));
+    for (int64_t g = 0; g < E; ++g) {
+      const int64_t from = s[static_cast<size_t>(g)];
+      if (from == g) continue;
+      if (from / El == g / El) throw std::logic_error("move_expert_slots: a move within one rank");
+      if (from / El == me) out[static_cast<size_t>(g / El)].push_back(from % El);
+      if (g / El == me) in[static_cast<size_t>(from / El)].push_back(g % El);
+    }
+    std::vector<int64_t> sc(P), sd(P), rc(P), rd(P);
+    int64_t ns = 0, nr = 0;
+    for (int q = 0; q < P; ++q) {
+      sd[q] = ns;
+      sc[q] = static_cast<int64_t>(out[q].size());
+      ns += sc[q];
+      rd[q] = nr;
+      rc[q] = static_cast<int64_t>(in[q].size());
+      nr += rc[q];
+    }
+    bool any = false;  // a layer that moves nothing skips its collectives on every rank alike
+    for (int64_t g = 0; g < E; ++g) any = any || s[static_cast<size_t>(g)] != g;
+    if (!any) continue;
+    for (const char* what : {"experts.w13", "experts.w2"}) {
+      const ParamInfo& p = layout_.find(layer_name(l, what));
+      const int64_t per = p.numel / El;
+      for (const Tensor& R : roles) {
+        for (int64_t u = 0; u < per / unit; ++u) {
+          auto at = [&](int64_t j) { return R.rows(p.offset + j * per + u * unit, unit); };
+          int64_t i = 0;
+          for (int q = 0; q < P; ++q)
+            for (int64_t j : out[q]) ops_.copy(at(j), send.rows(unit * i++, unit));
+          comm.all_to_all_v(send.data, sc.data(), sd.data(), recv.data, rc.data(), rd.data(), unit, CommType::F32);
+          i = 0;
+          for (int q = 0; q < P; ++q)
+            for (int64_t j : in[q]) ops_.copy(recv.rows(unit * i++, unit), at(j));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace mxt
