@@ -103,6 +103,8 @@ class Trainer {
   void rebalance_experts();
   void permute_router_rows(const std::vector<std::vector<int>>& src);
   void move_expert_slots(const std::vector<std::vector<int>>& src);
+  std::vector<double> expert_slot_sums();  // MXTRAIN_CHECK_REBALANCE
+  void check_working_copies();             // MXTRAIN_CHECK_REBALANCE
   std::vector<int32_t> expert_origin_;
   int64_t experts_moved_ = 0;  // parallelism.overlap_grad_reduce: one part's gradient ranges (trainer.cpp)
   std::vector<std::array<int64_t, 4>> grad_parts_;  // start_grad_reduce's ranges, built on first use

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -50,9 +52,24 @@ void Trainer::rebalance_experts() {
     return;
   }
   const auto t0 = std::chrono::steady_clock::now();
+  // MXTRAIN_CHECK_REBALANCE=1: every slot's state after the move equals its source slot's before it.
+  const bool self_check = std::getenv("MXTRAIN_CHECK_REBALANCE") != nullptr;
+  const std::vector<double> sums_before = self_check ? expert_slot_sums() : std::vector<double>{};
   permute_router_rows(src);
   move_expert_slots(src);
+  if (self_check) {
+    const std::vector<double> after = expert_slot_sums();
+    const int64_t roles = static_cast<int64_t>(after.size()) / (L * E);
+    int64_t bad = 0;
+    for (int64_t r = 0; r < roles; ++r)
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t g = 0; g < E; ++g)
+          bad += after[(r * L + l) * E + g] != sums_before[(r * L + l) * E + src[static_cast<size_t>(l)][g]];
+    if (bad) throw std::logic_error("MXTRAIN_CHECK_REBALANCE: " + std::to_string(bad) + " slot states differ from their sources");
+    if (rank_ == 0) spdlog::info("MXTRAIN_CHECK_REBALANCE: every moved slot holds its source's state");
+  }
   refresh_working_weights();
+  if (self_check) check_working_copies();
   ops_.synchronize();
   std::vector<int32_t> origin(expert_origin_.size());
   for (int64_t l = 0; l < L; ++l)
@@ -65,6 +82,79 @@ void Trainer::rebalance_experts() {
                  "routing the busiest EP rank's rows go from {:.3f}x to {:.3f}x the mean", step_, moved, layers, L,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), before / mean,
                  after / mean);
+}
+
+// Per slot [role][layer][global slot]: the sums of its fp32 master, AdamW moments and router row, gathered over
+// the EP group (host, for MXTRAIN_CHECK_REBALANCE).
+std::vector<double> Trainer::expert_slot_sums() {
+  const int P = groups_->layout.ep_size;
+  const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_local_experts, El = E / P;
+  std::vector<float> m(static_cast<size_t>(layout_.expert_numel)), dense;
+  std::vector<double> mine;
+  for (const Tensor& R : {expert_.master, expert_.adam_m, expert_.adam_v}) {
+    ops_.download(m.data(), R.data, m.size() * sizeof(float));
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t j = 0; j < El; ++j) {
+        double s = 0;
+        for (const char* what : {"experts.w13", "experts.w2"}) {
+          const ParamInfo& p = layout_.find(layer_name(l, what));
+          const int64_t per = p.numel / El;
+          for (int64_t i = 0; i < per; ++i) s += m[static_cast<size_t>(p.offset + j * per + i)] * (1.0 + 1e-3 * (i % 7));
+        }
+        mine.push_back(s);
+      }
+  }
+  std::vector<double> all(mine.size() * static_cast<size_t>(P));
+  groups_->ep_host->all_gather(mine.data(), all.data(), static_cast<int64_t>(mine.size()), CommType::F64);
+  std::vector<double> out(3 * static_cast<size_t>(L * E));  // [role][l][g], g = rank * El + j
+  for (int q = 0; q < P; ++q)
+    for (int64_t r = 0; r < 3; ++r)
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t j = 0; j < El; ++j)
+          out[static_cast<size_t>((r * L + l) * E + q * El + j)] =
+              all[static_cast<size_t>(q) * mine.size() + static_cast<size_t>((r * L + l) * El + j)];
+  std::vector<float> d;
+  master_weights(d, m);  // collective: the whole dense master
+  for (int64_t l = 0; l < L; ++l) {
+    const ParamInfo& p = layout_.find(layer_name(l, "gate.weight"));
+    const int64_t d_model = p.numel / E;
+    for (int64_t g = 0; g < E; ++g) {
+      double s = 0;
+      for (int64_t i = 0; i < d_model; ++i) s += d[static_cast<size_t>(p.offset + g * d_model + i)] * (1.0 + 1e-3 * (i % 7));
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+namespace {
+float round_bf16(float x) {  // round to nearest even, as the device's conversion (finite values)
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+}  // namespace
+
+// MXTRAIN_CHECK_REBALANCE: the working copies the model reads equal their fp32 masters, rounded.
+void Trainer::check_working_copies() {
+  std::vector<float> dense, expert;
+  master_weights(dense, expert);
+  auto check = [&](const Tensor& working, const std::vector<float>& master, const char* what) {
+    if (!working.data || working.dtype == DType::F32) return;
+    const int64_t n = std::min<int64_t>(working.numel(), static_cast<int64_t>(master.size()));
+    const Tensor tmp = expert_.grad.rows(0, n);  // free between steps
+    ops_.copy(working.rows(0, n), tmp);
+    std::vector<float> w(static_cast<size_t>(n));
+    ops_.download(w.data(), tmp.data, w.size() * sizeof(float));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += w[static_cast<size_t>(i)] != round_bf16(master[static_cast<size_t>(i)]);
+    if (bad) throw std::logic_error(std::string("MXTRAIN_CHECK_REBALANCE: ") + std::to_string(bad) + " of " +
+                                    std::to_string(n) + " " + what + " working-copy elements differ from the master");
+  };
+  if (expert_.grad.numel() >= layout_.dense_numel) check(dense_.working, dense, "dense");
+  check(expert_.working, expert, "expert");
 }
 
 // Router rows live in the dense buffers, sharded over the world (ZeRO-1): every rank contributes its part of
