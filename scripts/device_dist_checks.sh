@@ -38,6 +38,9 @@
 #   epbalance 8x1B (seq 4096, mbs 1, acc 8, 6 steps): 1 GPU and EP=2 with router_force_load_balancing=true
 #             (every expert gets the same rows): the scaling without the router's imbalance (tokens/s per GPU,
 #             NCCL time, EP load)
+#   eprebalance 8x1B (seq 4096, mbs 1, acc 8, 8 steps) on $DATA: 1 GPU, EP=2 with the router's own placement and
+#             EP=2 with parallelism.ep_rebalance_interval=1 (experts re-placed after every step), same call; and the
+#             GPU-rank equivalence check with re-placement and the trainer's self-check (MXTRAIN_CHECK_REBALANCE)
 #   ep8x7b    8x7B layer shapes, 8 layers (6 if 8 do not fit), EP=2 on 2 GPUs, MXFP8 then bf16: memory plan vs
 #             measured peak, tokens/s per GPU, NCCL time and stage times (L1_8x7B_ep's settings, so since 4ad8b99
 #             with recompute_experts and per-layer columnwise weight copies)
@@ -133,6 +136,22 @@ for section in "$@"; do
     add "8x1B EP=2, forced balance" "rc=$?"
     grep -h "EP load\|comm timing, ep group" "$OUT/bal_ep2.log" | sed 's/^.*\] //' | cut -c1-200
     metrics one_gpu="$OUT/bal_1gpu/metrics.jsonl" ep2="$OUT/bal_ep2/metrics.jsonl" | tee "$OUT/bal_cmp.txt"
+    ;;
+  eprebalance)
+    MXTRAIN_CHECK_REBALANCE=1 timeout 120 "${MPIRUN[@]}" -x MXTRAIN_CHECK_REBALANCE -np 2 "$BIN_DIR/mxtrain_mpi_check" \
+      --dp 1 --ep 2 --acc 2 --steps 6 --rebalance 1 --backend cuda >"$OUT/rb_mpi_check.log" 2>&1
+    add "mpi_check cuda EP=2 rebalance" "rc=$?"
+    B8="--config-name bench_8x1B backend=cuda num_train_steps=8 grad_acc_steps=8 lr_scheduler_kwargs.num_decay_steps=7 $DATA"
+    CUDA_VISIBLE_DEVICES=0 timeout 300 "$MX" $B8 output_dir="$OUT/rb_1gpu" >"$OUT/rb_1gpu.log" 2>&1
+    add "8x1B 1 GPU" "rc=$?"
+    for rb in 0 1; do
+      timeout 300 "${MPIRUN[@]}" -np 2 "$MX" $B8 parallelism.ep_size=2 parallelism.ep_rebalance_interval=$rb \
+        output_dir="$OUT/rb_ep2_$rb" >"$OUT/rb_ep2_$rb.log" 2>&1
+      add "8x1B EP=2, rebalance every $rb" "rc=$?"
+      grep -h "EP load\|EP rebalance" "$OUT/rb_ep2_$rb.log" | sed 's/^.*\] //' | cut -c1-200
+    done
+    metrics one_gpu="$OUT/rb_1gpu/metrics.jsonl" ep2_own="$OUT/rb_ep2_0/metrics.jsonl" \
+      ep2_rebalanced="$OUT/rb_ep2_1/metrics.jsonl" | tee "$OUT/rb_cmp.txt"
     ;;
   epover)
     B8="--config-name bench_8x1B backend=cuda num_train_steps=6 grad_acc_steps=8 lr_scheduler_kwargs.num_decay_steps=5 $DATA"
