@@ -40,8 +40,11 @@ mxt_mpi_check(mpi_ep2_force_balance 2 --dp 1 --ep 2 --acc 2 --force-balance)
 # norms and weights, mapped back through the run's expert labels, are the one rank's).
 mxt_mpi_check(mpi_ep2_rebalance 2 --dp 1 --ep 2 --acc 2 --rebalance 1)
 mxt_mpi_check(mpi_ep4_rebalance 4 --dp 1 --ep 4 --acc 1 --rebalance 2 --experts 8)
+# ... with MXFP8 experts (their weight copies re-quantised after a move) and with held weight-gradient groups.
+mxt_mpi_check(mpi_ep2_rebalance_fp8 2 --dp 1 --ep 2 --acc 2 --fp8 --rebalance 1)
+mxt_mpi_check(mpi_ep2_rebalance_wgrad_group 2 --dp 1 --ep 2 --acc 5 --wgrad-group 3 --rebalance 1)
 # ... with the trainer's own check that every moved slot holds its source's state (MXTRAIN_CHECK_REBALANCE)
-set_tests_properties(mpi_ep2_rebalance mpi_ep4_rebalance PROPERTIES
+set_tests_properties(mpi_ep2_rebalance mpi_ep4_rebalance mpi_ep2_rebalance_fp8 mpi_ep2_rebalance_wgrad_group PROPERTIES
                      ENVIRONMENT "${MXT_MPI_ENV};MXTRAIN_CHECK_REBALANCE=1")
 # MXFP8 (HYBRID) experts and attention projections with expert and data parallelism.
 mxt_mpi_check(mpi_dp2_ep2_fp8 4 --dp 2 --ep 2 --acc 1 --fp8)

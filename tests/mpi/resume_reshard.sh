@@ -2,7 +2,7 @@
 # Checkpoint resume and resharding with the mxtrain binary on CPU ranks (tiny L0_sanity shape, N steps, 4
 # micro-batches per step in every layout: grad_acc_steps = 4 / ranks):
 #   exact:   EP=2 and DP=2 on 2 ranks, N/2 steps + stop + resume for N/2 == N straight, loss strings bit for bit
-#            (DP=2 saves with async_save)
+#            (DP=2 saves with async_save); and EP=2 with experts re-placed after every step (ep_rebalance_interval)
 #   reshard: saved at EP=2 (2 ranks), resumed at EP=1 (1 rank), at DP=2 (2 ranks) and at DP=2 x EP=2 (4 ranks,
 #            with the final HF export); saved at EP=1 (1 rank, async_save), resumed at EP=2. Every step is in
 #            the metrics file once, each loss within 1e-5 relative of the EP=2 run that never stopped.
@@ -80,14 +80,15 @@ resume_from() {
 }
 
 # a. Exact resume, EP=2 and DP=2 on 2 ranks. The stopped runs' checkpoints are also the reshard sources.
-for layout in "ep2 1 2 sync" "dp2 2 1 async"; do
-  read -r name dp ep mode <<<"$layout"
-  train "${name}_ref" "$dp" "$ep" $N
-  train "${name}_stop" "$dp" "$ep" $HALF $(ckpt "$TMP/${name}_stop_ckpt") checkpoint.async_save=$([[ $mode == async ]] && echo true || echo false)
+for layout in "ep2 1 2 sync" "dp2 2 1 async" "ep2rb 1 2 sync parallelism.ep_rebalance_interval=1"; do
+  read -r name dp ep mode extra <<<"$layout"
+  train "${name}_ref" "$dp" "$ep" $N $extra
+  train "${name}_stop" "$dp" "$ep" $HALF $(ckpt "$TMP/${name}_stop_ckpt") checkpoint.async_save=$([[ $mode == async ]] && echo true || echo false) $extra
   [[ -f $TMP/${name}_stop_ckpt/step_$HALF/manifest.json ]] || fail "${name}_stop: no step_$HALF checkpoint"
   "saved_$mode" "${name}_stop"
   resume_from "${name}_stop" "${name}_resume"
-  train "${name}_resume" "$dp" "$ep" $N $(ckpt "$TMP/${name}_resume_ckpt")
+  train "${name}_resume" "$dp" "$ep" $N $(ckpt "$TMP/${name}_resume_ckpt") $extra
+  [[ -z $extra ]] || logged "${name}_resume" "EP rebalance after step [0-9]+: [0-9]+ experts re-placed"
   resumed_at "${name}_resume" "$TMP/${name}_resume_ckpt"
   exact "${name}_resume" "${name}_ref"
 done
