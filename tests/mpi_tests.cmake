@@ -43,8 +43,11 @@ mxt_mpi_check(mpi_ep4_rebalance 4 --dp 1 --ep 4 --acc 1 --rebalance 2 --experts 
 # ... with MXFP8 experts (their weight copies re-quantised after a move) and with held weight-gradient groups.
 mxt_mpi_check(mpi_ep2_rebalance_fp8 2 --dp 1 --ep 2 --acc 2 --fp8 --rebalance 1)
 mxt_mpi_check(mpi_ep2_rebalance_wgrad_group 2 --dp 1 --ep 2 --acc 5 --wgrad-group 3 --rebalance 1)
+# ... with DP=2: the AdamW moments are sharded over the replicas, so experts keep their slot index when they move.
+mxt_mpi_check(mpi_dp2_ep2_rebalance 4 --dp 2 --ep 2 --acc 1 --rebalance 1 --experts 8)
 # ... with the trainer's own check that every moved slot holds its source's state (MXTRAIN_CHECK_REBALANCE)
-set_tests_properties(mpi_ep2_rebalance mpi_ep4_rebalance mpi_ep2_rebalance_fp8 mpi_ep2_rebalance_wgrad_group PROPERTIES
+set_tests_properties(mpi_ep2_rebalance mpi_ep4_rebalance mpi_ep2_rebalance_fp8 mpi_ep2_rebalance_wgrad_group
+                     mpi_dp2_ep2_rebalance PROPERTIES
                      ENVIRONMENT "${MXT_MPI_ENV};MXTRAIN_CHECK_REBALANCE=1")
 # MXFP8 (HYBRID) experts and attention projections with expert and data parallelism.
 mxt_mpi_check(mpi_dp2_ep2_fp8 4 --dp 2 --ep 2 --acc 1 --fp8)

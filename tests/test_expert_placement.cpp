@@ -96,6 +96,27 @@ TEST(ExpertPlacement, RandomLoadsAreValidAndNearTheBest) {
   }
 }
 
+TEST(ExpertPlacement, SameSlotMovesKeepTheSlotIndex) {
+  std::mt19937 gen(777);
+  for (int P : {2, 4}) {
+    for (int trial = 0; trial < 100; ++trial) {
+      const int El = 1 + static_cast<int>(gen() % 3), E = P * El;
+      std::vector<int64_t> rows(static_cast<size_t>(E));
+      for (auto& r : rows) r = gen() % 3 == 0 ? 0 : static_cast<int64_t>(gen() % 10000);
+      const ExpertMoves m = balance_experts(rows, P, 0.0, true);
+      expect_valid(rows, P, m);
+      for (int g = 0; g < E; ++g) EXPECT_EQ(m.src[g] % El, g % El) << "slot " << g << " changes its index";
+    }
+  }
+  // Rank 0 holds both heavy experts, in different columns: one of them crosses, in its own column.
+  const std::vector<int64_t> rows = {100, 90, 1, 2};
+  const ExpertMoves m = balance_experts(rows, 2, 0.03, true);
+  expect_valid(rows, 2, m);
+  EXPECT_EQ(m.busiest_before, 190);
+  EXPECT_EQ(m.busiest_after, 102);
+  EXPECT_EQ(m.moved, 2);
+}
+
 TEST(ExpertPlacement, OneRankOrBadShapes) {
   const ExpertMoves m = balance_experts({5, 1, 9}, 1, 0.0);
   EXPECT_EQ(m.moved, 0);

@@ -22,6 +22,8 @@ struct ExpertMoves {
 // slot, then pairwise swaps out of the busiest rank while they help; the new groups go to the ranks that already
 // hold most of them, and an expert that stays on its rank keeps its slot. Returns the identity unless the busiest
 // rank's rows fall by at least min_gain (a fraction: 0.03 = 3%), so that small gains move nothing.
-ExpertMoves balance_experts(const std::vector<int64_t>& rows, int ep_size, double min_gain);
+// same_slot: every expert keeps its local slot index (it moves only between slot j of one rank and slot j of
+// another), so that state sharded by flat range over data-parallel replicas moves within one replica index.
+ExpertMoves balance_experts(const std::vector<int64_t>& rows, int ep_size, double min_gain, bool same_slot = false);
 
 }  // namespace mxt

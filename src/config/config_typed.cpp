@@ -303,10 +303,6 @@ void check_rest(TrainConfig& c) {
   require_positive(c.parallelism.ep_size, "parallelism.ep_size");
   require_non_negative(c.parallelism.ep_capacity_factor, "parallelism.ep_capacity_factor");
   require_non_negative(static_cast<double>(c.parallelism.ep_rebalance_interval), "parallelism.ep_rebalance_interval");
-  require(c.parallelism.ep_rebalance_interval == 0 || c.parallelism.dp_size == 1,
-          fmt::format("parallelism.ep_rebalance_interval={} needs parallelism.dp_size=1 (got {}): re-placing experts "
-                      "does not yet move AdamW moments sharded over data-parallel replicas",
-                      c.parallelism.ep_rebalance_interval, c.parallelism.dp_size));
   require(c.model.num_local_experts % c.parallelism.ep_size == 0,
           fmt::format("config_kwargs.num_local_experts ({}) must be divisible by parallelism.ep_size ({})",
                       c.model.num_local_experts, c.parallelism.ep_size));

@@ -31,13 +31,18 @@ std::string layer_name(int64_t l, const char* what) {
 void Trainer::rebalance_experts() {
   const int P = groups_->layout.ep_size;
   const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_local_experts;
-  const std::vector<int64_t>& rows = model_->expert_rows();
+  // Every EP group saw its own tokens: sum over the DP replicas, so that all ranks place alike (the router rows
+  // are replicated over the world).
+  std::vector<int64_t> rows = model_->expert_rows();
+  std::vector<double> sum(rows.begin(), rows.end());
+  groups_->dp_host->all_reduce_sum(sum.data(), static_cast<int64_t>(sum.size()), CommType::F64);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(sum[i]);
   std::vector<std::vector<int>> src(static_cast<size_t>(L));
   double before = 0, after = 0, mean = 0;
   int moved = 0, layers = 0;
   for (int64_t l = 0; l < L; ++l) {
     const std::vector<int64_t> r(rows.begin() + l * E, rows.begin() + (l + 1) * E);
-    const ExpertMoves m = balance_experts(r, P, kMinGain);
+    const ExpertMoves m = balance_experts(r, P, kMinGain, expert_shard_.comm != nullptr);
     src[static_cast<size_t>(l)] = m.src;
     before += static_cast<double>(m.busiest_before);
     after += static_cast<double>(m.busiest_after);
@@ -89,17 +94,25 @@ void Trainer::rebalance_experts() {
 std::vector<double> Trainer::expert_slot_sums() {
   const int P = groups_->layout.ep_size;
   const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_local_experts, El = E / P;
-  std::vector<float> m(static_cast<size_t>(layout_.expert_numel)), dense;
+  std::vector<float> m;
   std::vector<double> mine;
-  for (const Tensor& R : {expert_.master, expert_.adam_m, expert_.adam_v}) {
+  // The moments may be this DP replica's shard: a slot's sum covers the part of it held here (the same flat
+  // range before and after a move, which keeps slot indexes then).
+  const std::pair<Tensor, int64_t> roles[] = {
+      {expert_.master, 0}, {expert_.adam_m, expert_.shard_offset}, {expert_.adam_v, expert_.shard_offset}};
+  for (const auto& [R, begin] : roles) {
+    m.resize(static_cast<size_t>(R.numel()));
     ops_.download(m.data(), R.data, m.size() * sizeof(float));
+    const int64_t end = begin + R.numel();
     for (int64_t l = 0; l < L; ++l)
       for (int64_t j = 0; j < El; ++j) {
         double s = 0;
         for (const char* what : {"experts.w13", "experts.w2"}) {
           const ParamInfo& p = layout_.find(layer_name(l, what));
           const int64_t per = p.numel / El;
-          for (int64_t i = 0; i < per; ++i) s += m[static_cast<size_t>(p.offset + j * per + i)] * (1.0 + 1e-3 * (i % 7));
+          for (int64_t i = std::max<int64_t>(0, begin - p.offset - j * per);
+               i < std::min(per, end - p.offset - j * per); ++i)
+            s += m[static_cast<size_t>(p.offset + j * per + i - begin)] * (1.0 + 1e-3 * (i % 7));
         }
         mine.push_back(s);
       }
@@ -201,22 +214,29 @@ void Trainer::permute_router_rows(const std::vector<std::vector<int>>& src) {
   });
 }
 
-// Expert state (fp32 master and AdamW moments, whole on every rank of an EP group since dp_size = 1) moves
-// between EP ranks with one all-to-all per (layer, tensor, role, d x f unit), staged in the expert gradient
-// buffer, which is free between steps.
+// Expert state moves between EP ranks with one all-to-all per (layer, tensor, role, d x f unit), staged in the
+// expert gradient buffer, which is free between steps. The fp32 master is whole on every rank; the AdamW moments
+// may be sharded by flat range over DP replicas, and then experts keep their slot index (balance_experts
+// same_slot), so a slot's part of every shard sits at the same flat range on the sending and the receiving rank.
 void Trainer::move_expert_slots(const std::vector<std::vector<int>>& src) {
-  if (expert_shard_.comm)
-    throw std::logic_error("move_expert_slots: expert moments sharded over DP replicas (config check missed)");
   const int P = groups_->layout.ep_size, me = groups_->layout.ep_rank;
   const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_local_experts, El = E / P;
   const int64_t unit = cfg_.model.hidden_size * cfg_.model.intermediate_size;
+  const bool sharded = expert_shard_.comm != nullptr;
   if (2 * El * unit > expert_.grad.numel())
     throw std::logic_error("move_expert_slots: the expert gradient buffer cannot stage one layer's moves");
   const Tensor send = expert_.grad.rows(0, El * unit), recv = expert_.grad.rows(El * unit, El * unit);
-  const Tensor roles[] = {expert_.master, expert_.adam_m, expert_.adam_v};
+  struct Role {
+    Tensor t;
+    int64_t begin;  // flat index of t's first element
+  };
+  const Role roles[] = {{expert_.master, 0}, {expert_.adam_m, expert_.shard_offset}, {expert_.adam_v, expert_.shard_offset}};
   Comm& comm = *groups_->ep;
   for (int64_t l = 0; l < L; ++l) {
     const std::vector<int>& s = src[static_cast<size_t>(l)];
+    bool any = false;  // a layer that moves nothing skips its collectives on every rank alike
+    for (int64_t g = 0; g < E; ++g) any = any || s[static_cast<size_t>(g)] != g;
+    if (!any) continue;
     // out[q]: my slots whose experts go to peer q, in the order of their new slots there; in[q]: my slots that
     // receive from peer q, in order. Moves always cross ranks (balance_experts keeps a staying expert's slot).
     std::vector<std::vector<int64_t>> out(static_cast<size_t>(P)), in(static_cast<size_t>(P));
@@ -224,35 +244,44 @@ void Trainer::move_expert_slots(const std::vector<std::vector<int>>& src) {
       const int64_t from = s[static_cast<size_t>(g)];
       if (from == g) continue;
       if (from / El == g / El) throw std::logic_error("move_expert_slots: a move within one rank");
+      if (sharded && from % El != g % El)
+        throw std::logic_error("move_expert_slots: a move between slot indexes with DP-sharded moments");
       if (from / El == me) out[static_cast<size_t>(g / El)].push_back(from % El);
       if (g / El == me) in[static_cast<size_t>(from / El)].push_back(g % El);
     }
-    std::vector<int64_t> sc(P), sd(P), rc(P), rd(P);
-    int64_t ns = 0, nr = 0;
-    for (int q = 0; q < P; ++q) {
-      sd[q] = ns;
-      sc[q] = static_cast<int64_t>(out[q].size());
-      ns += sc[q];
-      rd[q] = nr;
-      rc[q] = static_cast<int64_t>(in[q].size());
-      nr += rc[q];
-    }
-    bool any = false;  // a layer that moves nothing skips its collectives on every rank alike
-    for (int64_t g = 0; g < E; ++g) any = any || s[static_cast<size_t>(g)] != g;
-    if (!any) continue;
     for (const char* what : {"experts.w13", "experts.w2"}) {
       const ParamInfo& p = layout_.find(layer_name(l, what));
       const int64_t per = p.numel / El;
-      for (const Tensor& R : roles) {
+      for (const Role& R : roles) {
         for (int64_t u = 0; u < per / unit; ++u) {
-          auto at = [&](int64_t j) { return R.rows(p.offset + j * per + u * unit, unit); };
-          int64_t i = 0;
+          // slot j's part of this unit held in R: elements [lo, hi) of the flat buffer
+          auto part = [&](int64_t j) {
+            const int64_t a = p.offset + j * per + u * unit;
+            const int64_t lo = std::max(a, R.begin), hi = std::min(a + unit, R.begin + R.t.numel());
+            return hi > lo ? R.t.rows(lo - R.begin, hi - lo) : R.t.rows(0, 0);
+          };
+          std::vector<int64_t> sc(P, 0), sd(P, 0), rc(P, 0), rd(P, 0);
+          int64_t ns = 0, nr = 0;
+          for (int q = 0; q < P; ++q) {
+            sd[q] = ns;
+            for (int64_t j : out[q]) {
+              const Tensor t = part(j);
+              if (t.numel() > 0) ops_.copy(t, send.rows(ns, t.numel()));
+              ns += t.numel();
+            }
+            sc[q] = ns - sd[q];
+            rd[q] = nr;
+            for (int64_t j : in[q]) nr += part(j).numel();
+            rc[q] = nr - rd[q];
+          }
+          comm.all_to_all_v(send.data, sc.data(), sd.data(), recv.data, rc.data(), rd.data(), 1, CommType::F32);
+          int64_t at = 0;
           for (int q = 0; q < P; ++q)
-            for (int64_t j : out[q]) ops_.copy(at(j), send.rows(unit * i++, unit));
-          comm.all_to_all_v(send.data, sc.data(), sd.data(), recv.data, rc.data(), rd.data(), unit, CommType::F32);
-          i = 0;
-          for (int q = 0; q < P; ++q)
-            for (int64_t j : in[q]) ops_.copy(recv.rows(unit * i++, unit), at(j));
+            for (int64_t j : in[q]) {
+              const Tensor t = part(j);
+              if (t.numel() > 0) ops_.copy(recv.rows(at, t.numel()), t);
+              at += t.numel();
+            }
         }
       }
     }
