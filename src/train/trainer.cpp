@@ -134,6 +134,15 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   if (rank_ == 0 && cfg.model.router_force_load_balancing)
     spdlog::warn("router_force_load_balancing=true (benchmarking only): every token goes to a fixed round-robin of "
                  "experts, not to the router's choice; the model does not learn to route");
+  if (rank_ == 0 && cfg.parallelism.ep_rebalance_interval > 0) {
+    if (cfg.parallelism.ep_size > 1)
+      spdlog::info("parallelism.ep_rebalance_interval={}: every {} steps each layer's experts may be re-placed over the "
+                   "{} EP ranks (relabelled; the final export lists them in their new order)",
+                   cfg.parallelism.ep_rebalance_interval, cfg.parallelism.ep_rebalance_interval, cfg.parallelism.ep_size);
+    else
+      spdlog::warn("parallelism.ep_rebalance_interval={} has no effect with parallelism.ep_size=1 (one EP rank holds "
+                   "every expert)", cfg.parallelism.ep_rebalance_interval);
+  }
   if (rank_ == 0 && cfg.expert_wgrad_micro_batches > expert_wgrad_group(cfg))
     spdlog::warn("expert_wgrad_micro_batches={} takes effect as {}: {}", cfg.expert_wgrad_micro_batches,
                  expert_wgrad_group(cfg),
