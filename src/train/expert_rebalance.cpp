@@ -63,13 +63,13 @@ void Trainer::rebalance_experts() {
   permute_router_rows(src);
   move_expert_slots(src);
   if (self_check) {
-    const std::vector<double> after = expert_slot_sums();
-    const int64_t roles = static_cast<int64_t>(after.size()) / (L * E);
+    const std::vector<double> sums_after = expert_slot_sums();
+    const int64_t roles = static_cast<int64_t>(sums_after.size()) / (L * E);
     int64_t bad = 0;
     for (int64_t r = 0; r < roles; ++r)
       for (int64_t l = 0; l < L; ++l)
         for (int64_t g = 0; g < E; ++g)
-          bad += after[(r * L + l) * E + g] != sums_before[(r * L + l) * E + src[static_cast<size_t>(l)][g]];
+          bad += sums_after[(r * L + l) * E + g] != sums_before[(r * L + l) * E + src[static_cast<size_t>(l)][g]];
     if (bad) throw std::logic_error("MXTRAIN_CHECK_REBALANCE: " + std::to_string(bad) + " slot states differ from their sources");
     if (rank_ == 0) spdlog::info("MXTRAIN_CHECK_REBALANCE: every moved slot holds its source's state");
   }
