@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -154,6 +155,20 @@ class NcclComm final : public Comm {
   void exchange(const Payload* parts, int n, const int64_t* send_counts, const int64_t* send_displs,
                 const int64_t* recv_counts, const int64_t* recv_displs, bool join) {
     run(join ? "all_to_all_v" : "all_to_all_v (overlapped)", join, [&] {
+      // This rank's own rows go by a device copy on the compute stream (after `ready`, before the compute stream's
+      // wait for the exchange), alongside NCCL's transfer to the peers: +1.1-1.5% tok/s at EP=2 (docs/perf.md).
+      // MXTRAIN_NCCL_SELF=nccl sends them through NCCL instead.
+      if (self_copy()) {
+        for (int i = 0; i < n; ++i) {
+          const Payload& x = parts[i];
+          const size_t row = static_cast<size_t>(x.row_elems) * comm_type_size(x.type);
+          if (send_counts[rank_] > 0)
+            cuda_check(cudaMemcpyAsync(static_cast<char*>(x.recv) + recv_displs[rank_] * row,
+                                       static_cast<const char*>(x.send) + send_displs[rank_] * row,
+                                       static_cast<size_t>(send_counts[rank_]) * row, cudaMemcpyDeviceToDevice,
+                                       compute_), name_ + " all_to_all_v: own rows");
+        }
+      }
       // Point-to-point in one group: NCCL matches the sends and receives of all peers and payloads at once.
       check(ncclGroupStart(), "ncclGroupStart");
       for (int i = 0; i < n; ++i) {
@@ -162,6 +177,7 @@ class NcclComm final : public Comm {
         const auto* s = static_cast<const char*>(x.send);
         auto* r = static_cast<char*>(x.recv);
         for (int p = 0; p < size_; ++p) {
+          if (p == rank_ && self_copy()) continue;
           if (send_counts[p] > 0)
             check(ncclSend(s + send_displs[p] * row, static_cast<size_t>(send_counts[p] * x.row_elems),
                            nccl_type(x.type), p, comm_, stream_), "ncclSend");
@@ -172,6 +188,16 @@ class NcclComm final : public Comm {
       }
       check(ncclGroupEnd(), "ncclGroupEnd");
     });
+  }
+
+  static bool self_copy() {
+    static const bool v = [] {
+      const char* e = std::getenv("MXTRAIN_NCCL_SELF");
+      if (e == nullptr || *e == 0 || !std::strcmp(e, "copy")) return true;
+      if (!std::strcmp(e, "nccl")) return false;
+      throw std::invalid_argument(std::string("MXTRAIN_NCCL_SELF must be copy or nccl, got '") + e + "'");
+    }();
+    return v;
   }
 
   void all_reduce_sum(void* buf, int64_t count, CommType type) override {
