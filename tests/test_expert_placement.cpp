@@ -117,6 +117,14 @@ TEST(ExpertPlacement, SameSlotMovesKeepTheSlotIndex) {
   EXPECT_EQ(m.moved, 2);
 }
 
+TEST(ExpertPlacement, NoRowsOrOneExpertPerRankMoveNothing) {
+  for (bool same_slot : {false, true}) {
+    EXPECT_EQ(balance_experts(std::vector<int64_t>(8, 0), 2, 0.0, same_slot).moved, 0);
+    // One expert per rank: the busiest rank is the largest expert wherever it goes.
+    EXPECT_EQ(balance_experts({5, 900, 30, 7}, 4, 0.0, same_slot).moved, 0);
+  }
+}
+
 TEST(ExpertPlacement, OneRankOrBadShapes) {
   const ExpertMoves m = balance_experts({5, 1, 9}, 1, 0.0);
   EXPECT_EQ(m.moved, 0);

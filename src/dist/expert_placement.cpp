@@ -93,7 +93,8 @@ ExpertMoves balance_same_slot(const std::vector<int64_t>& rows, int P, double mi
   }
   load = loads();
   const int64_t after = *std::max_element(load.begin(), load.end());
-  if (static_cast<double>(after) > (1.0 - min_gain) * static_cast<double>(m.busiest_before)) return m;
+  if (after >= m.busiest_before || static_cast<double>(after) > (1.0 - min_gain) * static_cast<double>(m.busiest_before))
+    return m;  // no gain, or too small a one
   for (int e = 0; e < E; ++e) m.src[static_cast<size_t>(rank_of[e] * El + e % El)] = e;
   m.busiest_after = after;
   m.moved = 0;
@@ -149,7 +150,8 @@ ExpertMoves balance_experts(const std::vector<int64_t>& rows, int ep_size, doubl
   }
   load = group_rows(rows, group, P);
   const int64_t after = *std::max_element(load.begin(), load.end());
-  if (static_cast<double>(after) > (1.0 - min_gain) * static_cast<double>(m.busiest_before)) return m;
+  if (after >= m.busiest_before || static_cast<double>(after) > (1.0 - min_gain) * static_cast<double>(m.busiest_before))
+    return m;  // no gain, or too small a one
 
   // Groups to ranks: greedily the (group, rank) pair sharing the most experts, so that few experts move.
   std::vector<int> rank_of(static_cast<size_t>(P), -1);

@@ -135,7 +135,10 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
     spdlog::warn("router_force_load_balancing=true (benchmarking only): every token goes to a fixed round-robin of "
                  "experts, not to the router's choice; the model does not learn to route");
   if (rank_ == 0 && cfg.parallelism.ep_rebalance_interval > 0) {
-    if (cfg.parallelism.ep_size > 1)
+    if (cfg.parallelism.ep_size > 1 && cfg.parallelism.ep_size == cfg.model.num_local_experts)
+      spdlog::warn("parallelism.ep_rebalance_interval={} has no effect with one expert per EP rank (a rank's load is "
+                   "its expert's wherever that expert goes)", cfg.parallelism.ep_rebalance_interval);
+    else if (cfg.parallelism.ep_size > 1)
       spdlog::info("parallelism.ep_rebalance_interval={}: every {} steps each layer's experts may be re-placed over the "
                    "{} EP ranks (relabelled; the final export lists them in their new order)",
                    cfg.parallelism.ep_rebalance_interval, cfg.parallelism.ep_rebalance_interval, cfg.parallelism.ep_size);
