@@ -34,10 +34,14 @@ struct CudaContext {
 
   // Pinned host buffers that upload_async copies through, used round-robin; each is reused once the copy
   // that last read it has run (its event).
+  // A pinned host buffer and the event after the copy that last used it.
   struct Staging {
     void* host = nullptr;
     size_t bytes = 0;
     cudaEvent_t done = nullptr;
+    // Waits for the last copy through the buffer, then makes it hold at least `bytes`.
+    void reserve(size_t bytes, const char* op);
+    void release();  // at teardown
   };
   Staging staging[8];
   unsigned staging_next = 0;

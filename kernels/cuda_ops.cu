@@ -93,12 +93,25 @@ CudaContext::~CudaContext() {
   if (join_ev_) cudaEventDestroy(join_ev_);
   if (side_) cudaStreamDestroy(side_);
   for (Slot& s : slots_) cudaFree(s.ptr);
-  for (Staging* s : {staging, staging + 1, staging + 2, staging + 3, staging + 4, staging + 5, staging + 6,
-                     staging + 7, &readback}) {
-    if (s->done) cudaEventSynchronize(s->done);
-    if (s->done) cudaEventDestroy(s->done);
-    if (s->host) cudaFreeHost(s->host);
-  }
+  for (Staging& s : staging) s.release();
+  readback.release();
+}
+
+void CudaContext::Staging::reserve(size_t n, const char* op) {
+  if (done == nullptr) cuda::check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), op, "event");
+  cuda::check(cudaEventSynchronize(done), op, "wait for the staging buffer");  // no-op before its first use
+  if (bytes >= n) return;
+  if (host) cuda::check(cudaFreeHost(host), op, "cudaFreeHost");
+  host = nullptr;
+  bytes = 0;
+  cuda::check(cudaMallocHost(&host, n), op, "cudaMallocHost");
+  bytes = n;
+}
+
+void CudaContext::Staging::release() {
+  if (done) cudaEventSynchronize(done);
+  if (done) cudaEventDestroy(done);
+  if (host) cudaFreeHost(host);
 }
 
 CudaOps::CudaOps(int device) : ctx_(new CudaContext) {
@@ -165,15 +178,7 @@ void CudaOps::upload(void* dst, const void* host_src, size_t bytes) {
 void CudaOps::upload_async(void* dst, const void* host_src, size_t bytes) {
   const char* op = "upload_async";
   CudaContext::Staging& s = ctx_->staging[ctx_->staging_next++ % (sizeof(ctx_->staging) / sizeof(ctx_->staging[0]))];
-  if (s.done == nullptr) cuda::check(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), op, "event");
-  cuda::check(cudaEventSynchronize(s.done), op, "wait for the staging buffer");  // no-op before its first use
-  if (s.bytes < bytes) {
-    if (s.host) cuda::check(cudaFreeHost(s.host), op, "cudaFreeHost");
-    s.host = nullptr;
-    s.bytes = 0;
-    cuda::check(cudaMallocHost(&s.host, bytes), op, "cudaMallocHost");
-    s.bytes = bytes;
-  }
+  s.reserve(bytes, op);
   std::memcpy(s.host, host_src, bytes);
   cuda::check(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, ctx_->stream), op, "memcpy");
   cuda::check(cudaEventRecord(s.done, ctx_->stream), op, "event record");
@@ -227,15 +232,7 @@ void CudaOps::download_overlapped(void* host_dst, const void* src, size_t bytes,
                                   const std::function<void()>& meanwhile) {
   const char* op = "download_overlapped";
   CudaContext::Staging& s = ctx_->readback;
-  if (s.done == nullptr) cuda::check(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), op, "event");
-  if (s.bytes < bytes) {
-    cuda::check(cudaEventSynchronize(s.done), op, "wait for the readback buffer");
-    if (s.host) cuda::check(cudaFreeHost(s.host), op, "cudaFreeHost");
-    s.host = nullptr;
-    s.bytes = 0;
-    cuda::check(cudaMallocHost(&s.host, bytes), op, "cudaMallocHost");
-    s.bytes = bytes;
-  }
+  s.reserve(bytes, op);  // its last copy was waited for below: no wait
   cuda::check(cudaMemcpyAsync(s.host, src, bytes, cudaMemcpyDeviceToHost, ctx_->stream), op, "memcpy");
   cuda::check(cudaEventRecord(s.done, ctx_->stream), op, "event record");
   if (meanwhile) meanwhile();

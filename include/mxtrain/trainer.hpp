@@ -98,7 +98,7 @@ class Trainer {
   void stop_early(int sig, int stop_ranks);  // a rank caught a stop signal: save, then run() returns
   void log_device_memory();        // peak allocated by the backend against the plan
   void load_batch(BatchLoader& from);  // next batch of `from` (training or validation) -> mb_; n_valid_
-  void start_grad_reduce(int part);
+  void start_grad_reduce(int part);  // parallelism.overlap_grad_reduce: one part's gradient ranges (trainer.cpp)
   // parallelism.ep_rebalance_interval, after a step: re-places experts by that step's rows (expert_rebalance.cpp)
   void rebalance_experts();
   void permute_router_rows(const std::vector<std::vector<int>>& src);
@@ -106,7 +106,7 @@ class Trainer {
   std::vector<double> expert_slot_sums();  // MXTRAIN_CHECK_REBALANCE
   void check_working_copies();             // MXTRAIN_CHECK_REBALANCE
   std::vector<int32_t> expert_origin_;
-  int64_t experts_moved_ = 0;  // parallelism.overlap_grad_reduce: one part's gradient ranges (trainer.cpp)
+  int64_t experts_moved_ = 0;
   std::vector<std::array<int64_t, 4>> grad_parts_;  // start_grad_reduce's ranges, built on first use
   // cuda_graphs: micro-batch i's forward + backward, captured on the second step (the first allocates the ops'
   // scratch) and replayed after; recaptured when its loss scale changes.

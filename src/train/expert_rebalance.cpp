@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +26,16 @@ constexpr double kMinGain = 0.03;
 
 std::string layer_name(int64_t l, const char* what) {
   return "model.layers." + std::to_string(l) + ".block_sparse_moe." + what;
+}
+
+// A buffer holding elements [begin, begin + t.numel()) of a flat parameter range (a ZeRO shard, or all of it).
+struct Span {
+  Tensor t;
+  int64_t begin;
+};
+// The per-expert optimizer state that a move carries: fp32 master (whole) and the AdamW moments (possibly a DP shard).
+std::array<Span, 3> expert_state(const FlatParams& e) {
+  return {{{e.master, 0}, {e.adam_m, e.shard_offset}, {e.adam_v, e.shard_offset}}};
 }
 }  // namespace
 
@@ -98,9 +109,7 @@ std::vector<double> Trainer::expert_slot_sums() {
   std::vector<double> mine;
   // The moments may be this DP replica's shard: a slot's sum covers the part of it held here (the same flat
   // range before and after a move, which keeps slot indexes then).
-  const std::pair<Tensor, int64_t> roles[] = {
-      {expert_.master, 0}, {expert_.adam_m, expert_.shard_offset}, {expert_.adam_v, expert_.shard_offset}};
-  for (const auto& [R, begin] : roles) {
+  for (const auto& [R, begin] : expert_state(expert_)) {
     m.resize(static_cast<size_t>(R.numel()));
     ops_.download(m.data(), R.data, m.size() * sizeof(float));
     const int64_t end = begin + R.numel();
@@ -175,15 +184,13 @@ void Trainer::check_working_copies() {
 void Trainer::permute_router_rows(const std::vector<std::vector<int>>& src) {
   const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_local_experts, d = cfg_.model.hidden_size;
   const int64_t block = E * d;
-  struct Part {
-    Tensor t;
-    int64_t begin;   // flat index of t's first element
+  struct Part : Span {
     bool replicated;  // every rank holds it whole: only rank 0 contributes to the sum
   };
   const bool sharded = dense_shard_.comm != nullptr;
-  const Part parts[] = {{dense_.master, dense_master_sharded_ ? dense_shard_.offset : 0, !dense_master_sharded_},
-                        {dense_.adam_m, dense_.shard_offset, !sharded},
-                        {dense_.adam_v, dense_.shard_offset, !sharded}};
+  const Part parts[] = {{{dense_.master, dense_master_sharded_ ? dense_shard_.offset : 0}, !dense_master_sharded_},
+                        {{dense_.adam_m, dense_.shard_offset}, !sharded},
+                        {{dense_.adam_v, dense_.shard_offset}, !sharded}};
   std::vector<float> host(static_cast<size_t>(3 * L * block), 0.f);
   auto each_span = [&](const std::function<void(const Part&, float*, char*, int64_t)>& fn) {
     for (int b = 0; b < 3; ++b) {
@@ -226,11 +233,6 @@ void Trainer::move_expert_slots(const std::vector<std::vector<int>>& src) {
   if (2 * El * unit > expert_.grad.numel())
     throw std::logic_error("move_expert_slots: the expert gradient buffer cannot stage one layer's moves");
   const Tensor send = expert_.grad.rows(0, El * unit), recv = expert_.grad.rows(El * unit, El * unit);
-  struct Role {
-    Tensor t;
-    int64_t begin;  // flat index of t's first element
-  };
-  const Role roles[] = {{expert_.master, 0}, {expert_.adam_m, expert_.shard_offset}, {expert_.adam_v, expert_.shard_offset}};
   Comm& comm = *groups_->ep;
   for (int64_t l = 0; l < L; ++l) {
     const std::vector<int>& s = src[static_cast<size_t>(l)];
@@ -252,7 +254,7 @@ void Trainer::move_expert_slots(const std::vector<std::vector<int>>& src) {
     for (const char* what : {"experts.w13", "experts.w2"}) {
       const ParamInfo& p = layout_.find(layer_name(l, what));
       const int64_t per = p.numel / El;
-      for (const Role& R : roles) {
+      for (const Span& R : expert_state(expert_)) {
         for (int64_t u = 0; u < per / unit; ++u) {
           // slot j's part of this unit held in R: elements [lo, hi) of the flat buffer
           auto part = [&](int64_t j) {
