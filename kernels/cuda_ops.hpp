@@ -102,6 +102,7 @@ class CudaOps : public Ops {
   void grouped_gemm_wgrad_sets(const std::vector<WgradRowSet>& sets, const Tensor& dW, bool accumulate) override;
 
   void mx_quantize(const Tensor& x, const mxfp8::MxView* rowwise, const mxfp8::MxView* colwise) override;
+  void mx_dequantize(const mxfp8::MxView& q, const Tensor& out) override;
   void mx_grouped_gemm(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,
                        const Tensor& C) override;
   void mx_grouped_gemm_wgrad(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,

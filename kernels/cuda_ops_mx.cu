@@ -9,6 +9,8 @@ void CudaOps::mx_quantize(const Tensor& x, const mxfp8::MxView* rowwise, const m
   mxfp8::quantize_cuda(*this, x, rowwise, colwise);
 }
 
+void CudaOps::mx_dequantize(const mxfp8::MxView& q, const Tensor& out) { mxfp8::dequantize_cuda(*this, q, out); }
+
 void CudaOps::mx_grouped_gemm(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,
                               const Tensor& C) {
   mxfp8::grouped_gemm_cuda(*this, A, B, offsets, C);

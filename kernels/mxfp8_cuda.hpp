@@ -18,6 +18,10 @@ namespace mxt::mxfp8 {
 // reads x once. Bit-exact with mxfp8::quantize / quantize_bf16. Data pointers must be 16-byte aligned.
 void quantize_cuda(CudaOps& ops, const Tensor& x, const MxView* rowwise, const MxView* colwise);
 
+// out (CUDA BF16, q.data_bytes() elements) = q's values in the logical layout [batch, rows, cols] (a columnwise
+// copy is transposed back); bit-exact with mxfp8::dequantize rounded to bf16, which is exact down to 2^-133.
+void dequantize_cuda(CudaOps& ops, const MxView& q, const Tensor& out);
+
 // MXFP8 grouped GEMMs (kernels/mxfp8_grouped_gemm*.cu; fp64 twins mxfp8::grouped_gemm_ref / _wgrad_ref). A and
 // B are K-major CUDA views of any direction (mxfp8.md's operand copies: forward X rowwise x W rowwise, dgrad
 // dY rowwise x W columnwise, wgrad dY columnwise x X columnwise), either format each; offsets a CUDA I32

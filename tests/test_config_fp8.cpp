@@ -48,6 +48,10 @@ TEST(ConfigFp8, BadValuesNameTheKey) {
               HasSubstr("fp8_config.keep_attention_bf16s"));  // a misspelt key is still rejected
   EXPECT_THAT(error_of([] { typed({"fp8_config.enabled=true", "fp8_config.fp8_recipe=Float8CurrentScaling"}); }),
               HasSubstr("fp8_config.fp8_recipe"));
+  EXPECT_THAT(error_of([] { typed({"fp8_config.enabled=true", "fp8_config.hopper_gemm=fp16"}); }),
+              HasSubstr("fp8_config.hopper_gemm must be one of fp8, bf16; got 'fp16'"));
+  EXPECT_EQ(typed({}).fp8.hopper_gemm, "bf16");
+  EXPECT_EQ(typed({"fp8_config.hopper_gemm=fp8"}).fp8.hopper_gemm, "fp8");
 }
 
 TEST(ConfigFp8, ShapesMustHoldWholeBlocks) {

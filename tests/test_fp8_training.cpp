@@ -119,6 +119,7 @@ TrainConfig tiny_l0(bool fp8, const std::string& format = "E4M3", bool keep_atte
   c.fp8.enabled = fp8;
   c.fp8.fp8_format = format;
   c.fp8.keep_attention_bf16 = keep_attention_bf16;
+  c.fp8.hopper_gemm = "fp8";  // the plans below count E4M3 weight copies (hopper_gemm=bf16: its own tests)
   return c;
 }
 
@@ -318,6 +319,48 @@ TEST(Fp8Training, Bench8x1BMxPlanIsBelowBf16) {
   const size_t bf16 = gpu_plan_bytes("bench_8x1B", {}), mx = gpu_plan_bytes("bench_8x1B", {"fp8_config.enabled=true"});
   std::printf("8x1B plan: bf16 %.3f GiB, MXFP8 %.3f GiB\n", bf16 / 1073741824.0, mx / 1073741824.0);
   EXPECT_LT(mx + (size_t{100} << 20), bf16);  // by more than 100 MiB
+}
+
+// fp8_config.hopper_gemm=bf16: the MXFP8 GEMMs as bf16 (here fp32) GEMMs on the dequantised operands, i.e. the
+// same quantised values: the losses of the fp8 path up to fp32 summation order, with the attention projections in
+// MXFP8 or not; per-layer columnwise copies give the same bits.
+TEST(Fp8Training, HopperGemmBf16TrainsLikeTheFp8Path) {
+  for (const bool keep_attn : {false, true}) {
+    TrainConfig c = tiny_l0(true, "HYBRID", keep_attn);
+    c.num_train_steps = 8;
+    c.lr_scheduler = {2, 6, 0.1};
+    const std::vector<double> fp8 = train(c);
+    c.fp8.hopper_gemm = "bf16";
+    const std::vector<double> bf16 = train(c);
+    c.fp8.cache_columnwise_weights = false;
+    const std::vector<double> per_layer = train(c);
+    const std::vector<double> off = train(tiny_l0(false));
+    ASSERT_EQ(fp8.size(), bf16.size());
+    ASSERT_EQ(bf16.size(), per_layer.size());
+    double worst = 0;
+    for (size_t i = 0; i < fp8.size(); ++i) {
+      worst = std::max(worst, std::abs(bf16[i] - fp8[i]) / fp8[i]);
+      EXPECT_NEAR(bf16[i], fp8[i], 1e-4 * fp8[i]) << "keep_attention_bf16 " << keep_attn << ", step " << i + 1;
+      EXPECT_EQ(per_layer[i], bf16[i]) << "keep_attention_bf16 " << keep_attn << ", step " << i + 1;
+    }
+    std::printf("hopper_gemm=bf16 vs fp8 (keep_attention_bf16 %d): worst rel loss diff %.2e\n", keep_attn, worst);
+    EXPECT_NE(bf16[4], off[4]);  // MXFP8 numbers, not the unquantised path's
+  }
+}
+
+// hopper_gemm=bf16 plans bf16 copies of every MXFP8 weight, both directions, instead of the codes (which become one
+// layer's staging set in the activation arena).
+TEST(Fp8Training, HopperGemmBf16PlansBf16WeightCopies) {
+  const TrainConfig fp8 = tiny_l0(true);
+  TrainConfig c = fp8;
+  c.fp8.hopper_gemm = "bf16";
+  const MemoryPlan p = plan_memory(c, DType::BF16), q = plan_memory(fp8, DType::BF16);
+  const int64_t d = c.model.hidden_size, f = c.model.intermediate_size, E = c.model.num_local_experts;
+  const int64_t per_layer = E * 3 * f * d + 2 * d * d + 2 * d * 32;  // experts; wq, wo; wk, wv (32 wide)
+  const int64_t L = c.model.num_hidden_layers;
+  EXPECT_GE(p.fp8_weight_bytes, static_cast<size_t>(L * 2 * 2 * per_layer));  // 2 directions x 2 bytes
+  EXPECT_LT(p.fp8_weight_bytes, static_cast<size_t>(L * 2 * 2 * per_layer * 1.1));
+  EXPECT_GT(p.activation_bytes, q.activation_bytes);  // the staging codes and the dequantised operands
 }
 
 // On the CPU backend the master is the working copy, and the model reads it.

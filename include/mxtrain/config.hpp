@@ -88,6 +88,9 @@ struct Fp8Config {
   std::string fp8_format = "E4M3";
   bool keep_attention_bf16 = false;  // with enabled: QKV / O projections stay bf16 (experts still MXFP8)
   bool cache_columnwise_weights = true;  // false: the backward quantises each layer's dgrad copies when needed
+  // How the MXFP8 GEMMs run on Hopper: "fp8" = FP8 wgmma with the 32-block scales applied on the CUDA cores;
+  // "bf16" = the same quantised values dequantised to bf16 and multiplied on the bf16 tensor cores.
+  std::string hopper_gemm = "bf16";
 };
 
 struct CheckpointConfig {

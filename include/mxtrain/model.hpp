@@ -89,6 +89,7 @@ struct Scratch {
   Tensor mx_ln1;                // (T, d) MXFP8 attention: every layer's ln1 (the layer keeps ln1_col)
   MxBuf mx_a, mx_b, mx_c;       // MXFP8 scratch copies (a, b: Cx x max(d, 2f) or T x d; c: T x d)
   Tensor mx_dense_offsets;      // (2) I32 {0, T}: a dense linear is a one-group grouped GEMM
+  Tensor mx_deq_a, mx_deq_b;    // hopper_gemm=bf16: dequantised GEMM operands (MxExpertRun / MxDense deq_a, deq_b)
   // recompute_experts: one h13 (and act / act_col) for all layers, rebuilt in each layer's backward
   Tensor rc_h13, rc_act;        // (C, 2f), (C, f) (rc_act: bf16 path only; MXFP8 uses mx_act)
   MxBuf rc_act_col;             // (Cx x f) MXFP8 only
@@ -192,6 +193,8 @@ class MixtralModel {
   int64_t mb_index_ = 0, mb_count_ = 1;
   bool overwrite_grads_ = false;   // the step's first group writes the expert gradients
   LayerMxWeights mx_col_;          // cache_columnwise_weights=false: every layer's columnwise copies, shared
+  bool mx_bf16_ = false;           // fp8_config.hopper_gemm=bf16 (the weights' deq copies; codes shared in mx_stage_)
+  LayerMxWeights mx_stage_;        // hopper_gemm=bf16: one layer's weight codes, dequantised into each layer's copies
   std::function<void(int)> grads_done_;
   mxfp8::Format mx_fwd_ = mxfp8::Format::E4M3, mx_grad_ = mxfp8::Format::E4M3;
   int64_t Cx_ = 0;                 // C rounded up to 32 with MXFP8 (the columnwise copies block tokens), else C

@@ -22,6 +22,10 @@ struct MxBuf {
 struct MxWeight {
   MxBuf row, col;
   int64_t batch = 1, rows = 0, cols = 0;  // the weight's shape ([E,] out, in)
+  // fp8_config.hopper_gemm=bf16: each copy's values in the weight's own layout [batch, rows, cols] (act dtype),
+  // which the GEMMs read instead of the codes (empty otherwise).
+  Tensor deq_row, deq_col;
+  void plan_deq(Arena& arena, const std::string& name, DType dtype, bool with_row, bool with_col);
   // Plans the rowwise and / or the columnwise copy (an unplanned one is empty until assigned a planned buffer).
   void plan(Arena& arena, const std::string& name, int64_t batch, int64_t rows, int64_t cols, bool with_row = true,
             bool with_col = true);

@@ -187,6 +187,10 @@ class Ops {
   // Quantises x ([rows, cols] or [batch, rows, cols], act dtype) into the rowwise and / or columnwise copy
   // (views of x's shape on this backend's device; either may be null, not both) in one pass over x.
   virtual void mx_quantize(const Tensor& x, const mxfp8::MxView* rowwise, const mxfp8::MxView* colwise) = 0;
+  // out = the copy's values (codes x block scales) in x's logical layout [batch, rows, cols], act dtype: exact
+  // (bf16 holds every E4M3 / E5M2 value times a scale, down to 2^-133). fp8_config.hopper_gemm=bf16 runs the
+  // MXFP8 GEMMs as bf16 GEMMs on these.
+  virtual void mx_dequantize(const mxfp8::MxView& q, const Tensor& out) = 0;
   // Grouped along M (forward, dgrad; a dense linear is one group with offsets {0, rows}): A [M, K] (batch 1)
   // and B [E][N, K] K-major; rows m in [offsets[e], offsets[e+1]) use B's group e. C [M, N] act dtype
   // (overwrite; rows past offsets[E] zeroed).

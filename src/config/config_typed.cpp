@@ -257,6 +257,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.fp8.fp8_format = r.s("fp8_config.fp8_format");
   c.fp8.keep_attention_bf16 = r.b("fp8_config.keep_attention_bf16");
   c.fp8.cache_columnwise_weights = r.b("fp8_config.cache_columnwise_weights");
+  c.fp8.hopper_gemm = r.s("fp8_config.hopper_gemm");
   CheckpointConfig& k = c.checkpoint;
   k.ckpt_dir = r.s("checkpoint.ckpt_dir");
   k.save_every_n_steps = r.i("checkpoint.save_every_n_steps");
@@ -297,6 +298,7 @@ void check_rest(TrainConfig& c) {
   require_positive(c.expert_wgrad_micro_batches, "expert_wgrad_micro_batches");
   require(c.grad_acc_steps >= 1, fmt::format("grad_acc_steps must be >= 1, got {}", c.grad_acc_steps));
   require_one_of(c.backend, {"auto", "cpu", "cuda"}, "backend");
+  require_one_of(c.fp8.hopper_gemm, {"fp8", "bf16"}, "fp8_config.hopper_gemm");
   require_one_of(c.checkpoint.final_model_dtype, {"float32", "bfloat16"}, "checkpoint.final_model_dtype");
   require(!c.output_dir.empty(), "output_dir must not be empty");
   require_positive(c.parallelism.dp_size, "parallelism.dp_size");

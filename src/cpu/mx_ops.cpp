@@ -51,6 +51,23 @@ void CpuOps::mx_quantize(const Tensor& x, const MxView* rowwise, const MxView* c
   mxfp8::quantize(cpu::f32(x, op, "x"), batch, x.dim(-2), x.dim(-1), rowwise, colwise);
 }
 
+void CpuOps::mx_dequantize(const MxView& q, const Tensor& out) {
+  const char* op = "mx_dequantize";
+  check_view(q, op, "q");
+  if (out.numel() != q.data_bytes())
+    cpu::fail(op, "out must hold the copy's " + std::to_string(q.data_bytes()) + " values, got " + out.shape_str());
+  float* o = cpu::f32(out, op, "out");
+  const std::vector<float> v = dequantize_operand(q);  // operand layout: [batch][op_rows][op_k]
+  const int64_t R = q.op_rows(), K = q.op_k();
+  for (int64_t b = 0; b < q.batch; ++b)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t k = 0; k < K; ++k) {
+        const float x = v[(b * R + r) * K + k];
+        if (q.dir == mxfp8::Direction::Rowwise) o[(b * R + r) * K + k] = x;
+        else o[(b * K + k) * R + r] = x;  // the columnwise copy is stored transposed
+      }
+}
+
 void CpuOps::mx_grouped_gemm(const MxView& A, const MxView& B, const Tensor& offsets, const Tensor& C) {
   const char* op = "mx_grouped_gemm";
   check_view(A, op, "A");

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -146,12 +147,22 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   if (mx_) {
     alias_fp8_scratch();
     mx_weights_arena_.finalize(ops_);
-    if (!fp8_.cache_columnwise_weights) {
-      for (LayerMxWeights& q : mxw_) {
-        for (auto [m, shared] : {std::pair{&q.wq, &mx_col_.wq}, {&q.wk, &mx_col_.wk}, {&q.wv, &mx_col_.wv},
-                                 {&q.wo, &mx_col_.wo}, {&q.experts.w13, &mx_col_.experts.w13},
-                                 {&q.experts.w2, &mx_col_.experts.w2}})
+    // Shared buffers: the columnwise copies (cache_columnwise_weights=false; with hopper_gemm=bf16 their deq
+    // copies), and with hopper_gemm=bf16 the codes of both directions (mx_stage_).
+    for (LayerMxWeights& q : mxw_) {
+      for (auto [m, shared, stage] :
+           {std::tuple{&q.wq, &mx_col_.wq, &mx_stage_.wq}, {&q.wk, &mx_col_.wk, &mx_stage_.wk},
+            {&q.wv, &mx_col_.wv, &mx_stage_.wv}, {&q.wo, &mx_col_.wo, &mx_stage_.wo},
+            {&q.experts.w13, &mx_col_.experts.w13, &mx_stage_.experts.w13},
+            {&q.experts.w2, &mx_col_.experts.w2, &mx_stage_.experts.w2}}) {
+        if (!fp8_.cache_columnwise_weights) {
           m->col = shared->col;
+          m->deq_col = shared->deq_col;
+        }
+        if (mx_bf16_) {
+          m->row = stage->row;
+          m->col = stage->col;
+        }
       }
     }
     if (mx_attn_) {

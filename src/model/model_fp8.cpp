@@ -45,27 +45,53 @@ void MixtralModel::plan_fp8() {
   const int64_t room = std::max(Cx_ * std::max(d_, 2 * f_), mx_attn_ ? T_ * std::max(d_, H * hd) : 0);
   s_.mx_a.plan(arena_, "scratch.mx_a", room);
   s_.mx_b.plan(arena_, "scratch.mx_b", room);
+  mx_bf16_ = fp8_.hopper_gemm == "bf16";
+  if (mx_bf16_) {
+    arena_.add(s_.mx_deq_a, "scratch.mx_deq_a", A, {room});
+    arena_.add(s_.mx_deq_b, "scratch.mx_deq_b",
+               A, {std::max(Cx_ * std::max(d_, f_), mx_attn_ ? T_ * std::max(d_, H * hd) : 0)});
+  }
   if (mx_attn_) {
     s_.mx_c.plan(arena_, "scratch.mx_c", T_ * std::max(d_, H * hd));
     arena_.add(s_.mx_dense_offsets, "scratch.mx_dense_offsets", DType::I32, {2});
   }
   // The weight copies: rowwise always per layer; columnwise per layer too, or (cache_columnwise_weights=false)
   // one shared set in the activation arena, requantised by each layer's backward.
+  // hopper_gemm=bf16: the GEMMs read bf16 copies of the values (deq), planned where the codes would be, and the
+  // codes are only a staging set (mx_stage_) shared by every layer's quantisation.
   auto plan_layer = [&](LayerMxWeights& q, Arena& arena, const std::string& p, bool row, bool col) {
+    const bool codes = !mx_bf16_;
+    auto one = [&](MxWeight& m, const std::string& name, int64_t b, int64_t r, int64_t c) {
+      m.plan(arena, name, b, r, c, row && codes, col && codes);
+      if (mx_bf16_) m.plan_deq(arena, name, A, row, col);
+    };
     if (mx_attn_) {
-      q.wq.plan(arena, p + "wq", 1, H * hd, d_, row, col);
-      q.wk.plan(arena, p + "wk", 1, KVH * hd, d_, row, col);
-      q.wv.plan(arena, p + "wv", 1, KVH * hd, d_, row, col);
-      q.wo.plan(arena, p + "wo", 1, d_, H * hd, row, col);
+      one(q.wq, p + "wq", 1, H * hd, d_);
+      one(q.wk, p + "wk", 1, KVH * hd, d_);
+      one(q.wv, p + "wv", 1, KVH * hd, d_);
+      one(q.wo, p + "wo", 1, d_, H * hd);
     }
-    q.experts.w13.plan(arena, p + "experts.w13", El_, 2 * f_, d_, row, col);
-    q.experts.w2.plan(arena, p + "experts.w2", El_, d_, f_, row, col);
+    one(q.experts.w13, p + "experts.w13", El_, 2 * f_, d_);
+    one(q.experts.w2, p + "experts.w2", El_, d_, f_);
   };
   const bool cache = fp8_.cache_columnwise_weights;
   mxw_.resize(acts_.size());
   for (size_t l = 0; l < mxw_.size(); ++l)
     plan_layer(mxw_[l], mx_weights_arena_, "layer" + std::to_string(l) + ".", true, cache);
   if (!cache) plan_layer(mx_col_, arena_, "scratch.", false, true);
+  if (mx_bf16_) {
+    auto stage = [&](MxWeight& m, const std::string& name, int64_t b, int64_t r, int64_t c) {
+      m.plan(arena_, "scratch.mx_stage." + name, b, r, c, true, true);
+    };
+    if (mx_attn_) {
+      stage(mx_stage_.wq, "wq", 1, H * hd, d_);
+      stage(mx_stage_.wk, "wk", 1, KVH * hd, d_);
+      stage(mx_stage_.wv, "wv", 1, KVH * hd, d_);
+      stage(mx_stage_.wo, "wo", 1, d_, H * hd);
+    }
+    stage(mx_stage_.experts.w13, "experts.w13", El_, 2 * f_, d_);
+    stage(mx_stage_.experts.w2, "experts.w2", El_, d_, f_);
+  }
 }
 
 void MixtralModel::quantize_fp8_colwise(int l, bool attention) {
@@ -125,6 +151,9 @@ MxExpertRun MixtralModel::mx_run(int l, int64_t n, const Tensor& offsets) const 
   r.x_row = acts_[l].xe_row;
   r.row = s_.mx_a;
   r.col = s_.mx_b;
+  r.bf16 = mx_bf16_;
+  r.deq_a = s_.mx_deq_a;
+  r.deq_b = s_.mx_deq_b;
   return r;
 }
 
@@ -136,6 +165,9 @@ MxDense MixtralModel::mx_dense() const {
   m.grad = mx_grad_;
   m.a = s_.mx_a;
   m.b = s_.mx_b;
+  m.bf16 = mx_bf16_;
+  m.deq_a = s_.mx_deq_a;
+  m.deq_b = s_.mx_deq_b;
   return m;
 }
 

@@ -36,6 +36,11 @@ void MxWeight::plan(Arena& arena, const std::string& name, int64_t b, int64_t r,
   if (with_col) col.plan(arena, name + ".mx_col", b * r * c);
 }
 
+void MxWeight::plan_deq(Arena& arena, const std::string& name, DType dtype, bool with_row, bool with_col) {
+  if (with_row) arena.add(deq_row, name + ".mx_row_bf16", dtype, {batch, rows, cols});
+  if (with_col) arena.add(deq_col, name + ".mx_col_bf16", dtype, {batch, rows, cols});
+}
+
 mxfp8::MxView MxWeight::rowwise() const {
   return row.view(batch, rows, cols, mxfp8::Format::E4M3, mxfp8::Direction::Rowwise);
 }

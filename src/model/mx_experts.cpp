@@ -18,11 +18,42 @@ void quantize_both(Ops& ops, const Tensor& x, int64_t n, int64_t cols, mxfp8::Fo
   xr.rows = n;
 }
 
+// hopper_gemm=bf16: a copy's values as a [rows, cols] tensor in buf (act dtype).
+Tensor dequantized(Ops& ops, const mxfp8::MxView& v, const Tensor& buf) {
+  const Tensor t = buf.rows(0, v.rows * v.cols).view({v.rows, v.cols});
+  ops.mx_dequantize(v, t);
+  return t;
+}
+
+// C = A B[e]^T grouped along rows (forward, dgrad): the MXFP8 kernel on the codes, or (bf16) the bf16 grouped GEMM
+// on A's values and the weight's deq copy (the rowwise one in the forward's layout, the columnwise one read by the
+// bf16 dgrad).
+void grouped_rows(Ops& ops, const MxExpertRun& r, const mxfp8::MxView& A, const MxWeight& W, bool forward,
+                  const Tensor& C) {
+  if (!r.bf16) {
+    ops.mx_grouped_gemm(A, forward ? W.rowwise() : W.colwise(), r.offsets, C);
+    return;
+  }
+  const Tensor a = dequantized(ops, A, r.deq_a);
+  if (forward) ops.grouped_gemm(a, W.deq_row, r.offsets, C);
+  else ops.grouped_gemm_dgrad(a, W.deq_col, r.offsets, C);
+}
+
+// dW += dY^T X over each expert's rows, from the two columnwise copies.
+void grouped_wgrad(Ops& ops, const MxExpertRun& r, const mxfp8::MxView& dyc, const mxfp8::MxView& xc,
+                   const Tensor& dW) {
+  if (!r.bf16) {
+    ops.mx_grouped_gemm_wgrad(dyc, xc, r.offsets, dW);
+    return;
+  }
+  ops.grouped_gemm_wgrad(dequantized(ops, dyc, r.deq_a), dequantized(ops, xc, r.deq_b), r.offsets, dW);
+}
+
 // h13 = x W13 from x's rowwise copy xr, act = SwiGLU(h13) x wp, and act's copies: the forward's first half,
 // which mx_experts_recompute repeats bit for bit.
 void up_projection(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const mxfp8::MxView& xr,
                    const Tensor& wp, const Tensor& h13, const Tensor& act, mxfp8::MxView& ar, mxfp8::MxView& ac) {
-  ops.mx_grouped_gemm(xr, w.w13.rowwise(), r.offsets, h13.rows(0, r.n));
+  grouped_rows(ops, r, xr, w.w13, true, h13.rows(0, r.n));
   ops.swiglu_forward(h13.rows(0, r.n), wp, act.rows(0, r.n));
   quantize_both(ops, act, r.n, r.f, r.fwd, r.row, r.act_col, ar, ac);
 }
@@ -36,7 +67,7 @@ void mx_experts_forward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w
   mxfp8::MxView xr, xc, ar, ac;
   quantize_both(ops, x, n, r.d, r.fwd, r.x_row.data.numel() > 0 ? r.x_row : r.row, r.x_col, xr, xc);
   up_projection(ops, r, w, xr, wp, h13, act, ar, ac);
-  ops.mx_grouped_gemm(ar, w.w2.rowwise(), r.offsets, y.rows(0, n));
+  grouped_rows(ops, r, ar, w.w2, true, y.rows(0, n));
 }
 
 void mx_experts_recompute(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const Tensor& wp,
@@ -60,14 +91,14 @@ void mx_experts_backward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& 
   mxfp8::MxView gr, gc;
   // w2: dact = dy w2 (dgrad), dw2 += dy^T act (wgrad)
   quantize_both(ops, dy, n, r.d, r.grad, r.row, r.col, gr, gc);
-  ops.mx_grouped_gemm(gr, w.w2.colwise(), r.offsets, dact.rows(0, n));
-  ops.mx_grouped_gemm_wgrad(gc, ac, r.offsets, dw2);
+  grouped_rows(ops, r, gr, w.w2, false, dact.rows(0, n));
+  grouped_wgrad(ops, r, gc, ac, dw2);
   ops.swiglu_backward(dact.rows(0, n), h13.rows(0, n), wp, dh13.rows(0, n), dwp);
   // w13: dx = dh13 w13, dw13 += dh13^T x
   quantize_both(ops, dh13, n, 2 * r.f, r.grad, r.row, r.col, gr, gc);
-  ops.mx_grouped_gemm(gr, w.w13.colwise(), r.offsets, dx.rows(0, n));
+  grouped_rows(ops, r, gr, w.w13, false, dx.rows(0, n));
   if (after_dgrad) after_dgrad();
-  ops.mx_grouped_gemm_wgrad(gc, xc, r.offsets, dw13);
+  grouped_wgrad(ops, r, gc, xc, dw13);
 }
 
 void mx_quantize_weight(Ops& ops, const Tensor& W, const MxWeight& q, bool rowwise, bool colwise) {
@@ -75,6 +106,8 @@ void mx_quantize_weight(Ops& ops, const Tensor& W, const MxWeight& q, bool rowwi
   if (rowwise) row = q.rowwise();
   if (colwise) col = q.colwise();
   ops.mx_quantize(W, rowwise ? &row : nullptr, colwise ? &col : nullptr);
+  if (rowwise && q.deq_row.data) ops.mx_dequantize(row, q.deq_row);
+  if (colwise && q.deq_col.data) ops.mx_dequantize(col, q.deq_col);
 }
 
 }  // namespace mxt

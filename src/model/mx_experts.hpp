@@ -24,6 +24,11 @@ struct MxExpertRun {
   MxBuf x_col, act_col;  // kept from the forward for the wgrads: room for mx_pad_rows(n) x d and x f
   MxBuf row, col;        // scratch: room for mx_pad_rows(n) x max(d, 2f) each
   MxBuf x_row;           // recompute_experts: the input's rowwise copy, kept for mx_experts_recompute (else empty)
+  // fp8_config.hopper_gemm=bf16: the GEMMs run as bf16 grouped GEMMs on dequantised operands (the weights' deq
+  // copies; activations dequantised into deq_a, deq_b: act dtype, room for mx_pad_rows(n) x max(d, 2f) and x
+  // max(d, f) elements).
+  bool bf16 = false;
+  Tensor deq_a, deq_b;
 };
 
 // x [>= n_pad, d] (its rows [n, n_pad) are zeroed here), wp [n] F32 ->

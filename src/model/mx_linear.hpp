@@ -14,6 +14,8 @@ struct MxDense {
   int64_t T = 0;
   mxfp8::Format fwd = mxfp8::Format::E4M3, grad = mxfp8::Format::E4M3;
   MxBuf a, b;  // scratch: dy rowwise / x rowwise, dy columnwise; room for T x max(in, out) each
+  bool bf16 = false;   // fp8_config.hopper_gemm=bf16: cuBLASLt GEMMs on dequantised operands (the weights' deq
+  Tensor deq_a, deq_b;  // copies; activations into these, act dtype, room for T x max(in, out) each)
 };
 
 // x [T, in] -> its rowwise copy in buf (the forward's A, shared by every linear reading x).

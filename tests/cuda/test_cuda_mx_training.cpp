@@ -135,6 +135,42 @@ TEST(CudaMxTraining, TinyL0Fp8TracksTheCpuTwin) {
   EXPECT_LT(lg.back(), lg.front());
 }
 
+// fp8_config.hopper_gemm=bf16 on the GPU: the MXFP8 GEMMs as bf16 GEMMs on the dequantised operands (the same
+// quantised values as the FP8 wgmma kernels, summed in full fp32 where FP8 wgmma truncates its partial sums): the
+// losses track the FP8 kernels' and the CPU twin's, with and without MXFP8 attention; per-layer columnwise weight
+// copies give the same bits.
+TEST(CudaMxTraining, HopperGemmBf16TracksTheFp8Kernels) {
+  MXT_REQUIRE_GPU();
+  for (const bool keep_attn : {false, true}) {
+    TrainConfig c = testing::tiny_config("mxtrain_test_cuda_hopper_bf16", 64, 128);
+    c.num_train_steps = 10;
+    c.lr_scheduler = {3, 7, 0.1};
+    c.fp8.enabled = true;
+    c.fp8.fp8_format = "HYBRID";
+    c.fp8.keep_attention_bf16 = keep_attn;
+    auto gpu = make_cuda_ops();
+    auto cpu = make_cpu_ops();
+    auto run = [&](Ops& ops, const TrainConfig& cfg) {
+      Trainer t(cfg, ops, embedded_corpus_tokens());
+      return t.run();
+    };
+    const std::vector<double> fp8 = run(*gpu, c), twin = run(*cpu, c);
+    c.fp8.hopper_gemm = "bf16";
+    const std::vector<double> bf16 = run(*gpu, c);
+    c.fp8.cache_columnwise_weights = false;
+    const std::vector<double> per_layer = run(*gpu, c);
+    ASSERT_EQ(fp8.size(), bf16.size());
+    for (size_t i = 0; i < fp8.size(); ++i) {
+      std::printf("  keep_attention_bf16 %d step %zu: fp8 kernels %.4f, bf16 GEMMs %.4f, cpu %.4f\n", keep_attn, i + 1,
+                  fp8[i], bf16[i], twin[i]);
+      EXPECT_NEAR(bf16[i], fp8[i], 0.02 * fp8[i]) << "step " << i + 1;
+      EXPECT_NEAR(bf16[i], twin[i], 0.03 * twin[i]) << "step " << i + 1;
+      EXPECT_EQ(per_layer[i], bf16[i]) << "per-layer copies, step " << i + 1;
+    }
+    EXPECT_LT(bf16.back(), bf16.front());
+  }
+}
+
 // recompute_experts on the GPU, bf16 and MXFP8: the backward's rebuilt h13 / SwiGLU output (and its columnwise
 // copy) are the forward's bits, so the losses equal the run that kept them (the CUDA path is deterministic); so
 // do MXFP8's per-layer columnwise weight copies (fp8_config.cache_columnwise_weights=false, L1_8x7B_ep's setting).

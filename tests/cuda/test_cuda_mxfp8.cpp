@@ -4,6 +4,7 @@
 // not a multiple of 32 for columnwise-only ones, partial 128-column tiles, batches, unaligned input). Plus the
 // hardware-cvt probe over all 2^32 fp32 inputs, which pins down the one step the GPU does differently.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <limits>
@@ -157,6 +158,57 @@ TEST(CudaMxfp8, QuantizerBitExactWithCpuTwin) {
   };
   uint32_t seed = 100;
   for (const Case& c : cases) run_case(*gpu, c, seed++);
+}
+
+// The dequantiser (fp8_config.hopper_gemm=bf16) against mxfp8::dequantize rounded to bf16, bit for bit (NaN blocks
+// as NaN), on the nasty values' copies: both directions and formats, batches, columns not a multiple of 32 for
+// columnwise copies, the columnwise copy transposed back to the logical layout.
+TEST(CudaMxfp8, DequantizerBitExactWithCpuTwin) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  struct D {
+    int64_t batch, rows, cols;
+    Direction dir;
+    Format f;
+  };
+  const D cases[] = {{1, 64, 256, Direction::Rowwise, Format::E4M3},    {1, 7, 96, Direction::Rowwise, Format::E5M2},
+                     {3, 96, 64, Direction::Rowwise, Format::E4M3},     {1, 256, 160, Direction::Columnwise, Format::E4M3},
+                     {1, 96, 203, Direction::Columnwise, Format::E5M2}, {2, 64, 40, Direction::Columnwise, Format::E4M3},
+                     {1, 1024, 1056, Direction::Columnwise, Format::E4M3}};
+  uint32_t seed = 300;
+  int64_t nan_total = 0;
+  for (const D& c : cases) {
+    SCOPED_TRACE("[" + std::to_string(c.batch) + ", " + std::to_string(c.rows) + ", " + std::to_string(c.cols) + "] " +
+                 mxfp8::direction_name(c.dir) + " " + mxfp8::format_name(c.f));
+    const int64_t n = c.batch * c.rows * c.cols;
+    const std::vector<float> x = nasty_values(n, c.cols, seed++);
+    MxHost h(c.batch, c.rows, c.cols, c.f, c.dir);
+    const MxView hv = h.view();
+    mxfp8::quantize(x.data(), c.batch, c.rows, c.cols, c.dir == Direction::Rowwise ? &hv : nullptr,
+                    c.dir == Direction::Columnwise ? &hv : nullptr);
+    const std::vector<float> want = mxfp8::dequantize(hv);
+    DeviceMx d(*gpu, h);
+    DeviceTensor out(*gpu, DType::BF16, {c.batch, c.rows, c.cols});
+    gpu->mx_dequantize(d.v, out.t);
+    std::vector<uint16_t> got(static_cast<size_t>(n));
+    gpu->download(got.data(), out.t.data, got.size() * 2);
+    int64_t bad = 0, nan_blocks = 0, first = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = bf16_bits_to_f32(got[i]);
+      if (std::isnan(want[i])) {
+        nan_blocks += std::isnan(g);
+        if (!std::isnan(g) && first < 0) first = i;
+        bad += !std::isnan(g);
+      } else if (got[i] != f32_to_bf16_bits(want[i])) {
+        if (first < 0) first = i;
+        ++bad;
+      }
+    }
+    EXPECT_EQ(bad, 0) << "first at " << first << ": got " << (first >= 0 ? bf16_bits_to_f32(got[first]) : 0.f)
+                      << ", want " << (first >= 0 ? want[first] : 0.f);
+    nan_total += nan_blocks;
+  }
+  EXPECT_GT(nan_total, 0);  // the specials reached the check
 }
 
 TEST(CudaMxfp8, QuantizerRejectsBadShapesAndViews) {
