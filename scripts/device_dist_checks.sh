@@ -306,16 +306,25 @@ PY
   conv)
     L0C="--config-name L0_sanity parallelism.ep_size=1 backend=cuda num_train_steps=300 \
          lr_scheduler_kwargs.num_warmup_steps=20 lr_scheduler_kwargs.num_decay_steps=280"
-    CUDA_VISIBLE_DEVICES=0 "$MX" $L0C output_dir="$OUT/conv_l0_bf16" >"$OUT/conv_l0_bf16.log" 2>&1 &
-    CUDA_VISIBLE_DEVICES=1 "$MX" $L0C fp8_config.enabled=true output_dir="$OUT/conv_l0_mx" >"$OUT/conv_l0_mx.log" 2>&1
-    wait
+    # bf16 and MXFP8 side by side on GPUs 0 and 1, or one after the other on a single GPU.
+    pair() {  # name, mxtrain arguments...
+      local name=$1; shift
+      if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+        CUDA_VISIBLE_DEVICES=0 timeout 400 "$MX" "$@" output_dir="$OUT/conv_${name}_bf16" >"$OUT/conv_${name}_bf16.log" 2>&1 &
+        CUDA_VISIBLE_DEVICES=1 timeout 400 "$MX" "$@" fp8_config.enabled=true output_dir="$OUT/conv_${name}_mx" \
+          >"$OUT/conv_${name}_mx.log" 2>&1
+        wait
+      else
+        CUDA_VISIBLE_DEVICES=0 timeout 400 "$MX" "$@" output_dir="$OUT/conv_${name}_bf16" >"$OUT/conv_${name}_bf16.log" 2>&1
+        CUDA_VISIBLE_DEVICES=0 timeout 400 "$MX" "$@" fp8_config.enabled=true output_dir="$OUT/conv_${name}_mx" \
+          >"$OUT/conv_${name}_mx.log" 2>&1
+      fi
+    }
+    pair l0 $L0C
     metrics bf16="$OUT/conv_l0_bf16/metrics.jsonl" mxfp8="$OUT/conv_l0_mx/metrics.jsonl" | tail -1
     C8="--config-name bench_8x1B backend=cuda num_train_steps=300 grad_acc_steps=1 adamw_kwargs.lr=3e-4 \
         lr_scheduler_kwargs.num_warmup_steps=20 lr_scheduler_kwargs.num_decay_steps=280 logger.frequency=1"
-    CUDA_VISIBLE_DEVICES=0 timeout 400 "$MX" $C8 output_dir="$OUT/conv_8x1b_bf16" >"$OUT/conv_8x1b_bf16.log" 2>&1 &
-    CUDA_VISIBLE_DEVICES=1 timeout 400 "$MX" $C8 fp8_config.enabled=true output_dir="$OUT/conv_8x1b_mx" \
-      >"$OUT/conv_8x1b_mx.log" 2>&1
-    wait
+    pair 8x1b $C8
     python3 - "$OUT" <<'PY' | tee "$OUT/conv.txt"
 import json, sys
 out = sys.argv[1]
