@@ -4,8 +4,8 @@
 // anyway: docs/perf.md, "What limits MXFP8 on Hopper").
 //
 // Rowwise copies are stored in the logical layout: one thread turns 16 codes (half a block, one scale) into 16
-// bf16. Columnwise copies are stored transposed ([batch][cols][rows], blocks along rows): a block of 32 x 8
-// threads transposes a 32-row x 32-column tile through shared memory, reading and writing whole rows.
+// bf16. Columnwise copies are stored transposed ([batch][cols][rows], blocks along rows): a block transposes a
+// 64 x 64 tile through shared memory with 16-byte loads and 8-byte stores.
 #include <cuda_bf16.h>
 
 #include <stdexcept>
@@ -53,29 +53,58 @@ __global__ void dequant_rowwise_kernel(const uint8_t* __restrict__ data, const u
   }
 }
 
-// Stored [batch][cols][rows] (rows a multiple of 32) -> out [batch][rows][cols]. Block (32, 8): tile of 32 stored
-// rows (= output columns c0..c0+31) x 32 codes (= output rows r0..r0+31, one scale per stored row).
-__global__ void dequant_colwise_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scales,
-                                       Format f, int64_t rows, int64_t cols, cuda::bf16* __restrict__ out) {
+// Stored [batch][cols][rows] (rows a multiple of 32) -> out [batch][rows][cols], in tiles of 64 stored rows
+// (output columns c0..c0+63) x 64 codes (output rows r0..r0+63; two scale blocks per stored row). 256 threads:
+// thread t loads 16 codes (16 bytes: 4 threads cover a stored row's 64 bytes) and writes their values down a
+// column of the shared tile; then each output row leaves as 128 contiguous bytes, 8 per thread (vec: cols % 4 == 0
+// and out 8-byte aligned; else element by element).
+constexpr int kColTile = 64;
+__global__ void __launch_bounds__(256) dequant_colwise_kernel(const uint8_t* __restrict__ data,
+                                                              const uint8_t* __restrict__ scales, Format f,
+                                                              int64_t rows, int64_t cols, bool vec,
+                                                              cuda::bf16* __restrict__ out) {
   __shared__ float lut[256];
-  __shared__ float tile[32][33];
+  __shared__ float tile[kColTile][kColTile + 1];  // [output row][output column]
   load_lut(lut, f);
   const int64_t b = blockIdx.z;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 32, c0 = static_cast<int64_t>(blockIdx.y) * 32;
-  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kColTile, c0 = static_cast<int64_t>(blockIdx.y) * kColTile;
+  const int t = threadIdx.x;
   const uint8_t* src = data + b * cols * rows;
   const uint8_t* sc = scales + b * cols * (rows / kBlock);
-  for (int j = ty; j < 32; j += 8) {  // stored row c0 + j, codes r0 + tx
-    const int64_t c = c0 + j;
-    float v = 0.f;
-    if (c < cols) v = lut[src[c * rows + r0 + tx]] * scale_value(sc[c * (rows / kBlock) + r0 / kBlock]);
-    tile[j][tx] = v;
+  {
+    const int seg = t % 4, j = t / 4;  // codes [16 seg, 16 seg + 16) of stored row c0 + j
+    const int64_t c = c0 + j, r = r0 + 16 * seg;
+    float v[16];
+    if (c < cols && r < rows) {  // rows is a multiple of 32: a 16-code segment is all in or all out
+      const uint4 q = *reinterpret_cast<const uint4*>(src + c * rows + r);
+      const float s = scale_value(sc[c * (rows / kBlock) + r / kBlock]);
+      const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = lut[(w[i / 4] >> (8 * (i % 4))) & 0xFFu] * s;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) tile[16 * seg + i][j] = v[i];
   }
   __syncthreads();
   cuda::bf16* dst = out + b * rows * cols;
-  for (int i = ty; i < 32; i += 8) {  // output row r0 + i, columns c0 + tx
-    const int64_t c = c0 + tx;
-    if (c < cols) dst[(r0 + i) * cols + c] = __float2bfloat16_rn(tile[tx][i]);
+  const int q = t % 16;  // output columns c0 + 4q .. +3
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int i = t / 16 + 16 * k;  // output row r0 + i
+    const int64_t r = r0 + i, c = c0 + 4 * q;
+    if (r >= rows || c >= cols) continue;
+    const float* e = &tile[i][4 * q];
+    if (vec && c + 3 < cols) {
+      uint2 o;
+      o.x = pack2(e[0], e[1]);
+      o.y = pack2(e[2], e[3]);
+      *reinterpret_cast<uint2*>(dst + r * cols + c) = o;
+    } else {
+      for (int m = 0; m < 4 && c + m < cols; ++m) dst[r * cols + c + m] = __float2bfloat16_rn(e[m]);
+    }
   }
 }
 
@@ -101,11 +130,14 @@ void dequantize_cuda(CudaOps& ops, const MxView& q, const Tensor& out) {
     const int64_t blocks = std::min<int64_t>((n16 + 255) / 256, static_cast<int64_t>(ops.ctx().num_sms) * 16);
     dequant_rowwise_kernel<<<static_cast<unsigned>(blocks), 256, 0, st>>>(q.data, q.scales, q.format, n16, o);
   } else {
-    if (q.batch > 65535 || (q.cols + 31) / 32 > 65535)
+    if (q.batch > 65535 || (q.cols + kColTile - 1) / kColTile > 65535)
       throw std::invalid_argument(std::string(op) + ": too many columns or batch entries");
-    const dim3 grid(static_cast<unsigned>(q.rows / 32), static_cast<unsigned>((q.cols + 31) / 32),
-                    static_cast<unsigned>(q.batch));
-    dequant_colwise_kernel<<<grid, dim3(32, 8), 0, st>>>(q.data, q.scales, q.format, q.rows, q.cols, o);
+    if (reinterpret_cast<uintptr_t>(q.data) % 16 != 0)
+      throw std::invalid_argument(std::string(op) + ": data must be 16-byte aligned");
+    const dim3 grid(static_cast<unsigned>((q.rows + kColTile - 1) / kColTile),
+                    static_cast<unsigned>((q.cols + kColTile - 1) / kColTile), static_cast<unsigned>(q.batch));
+    const bool vec = q.cols % 4 == 0 && reinterpret_cast<uintptr_t>(out.data) % 8 == 0;
+    dequant_colwise_kernel<<<grid, 256, 0, st>>>(q.data, q.scales, q.format, q.rows, q.cols, vec, o);
   }
   cuda::check_launch(op);
 }

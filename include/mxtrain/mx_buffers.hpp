@@ -33,6 +33,10 @@ struct MxWeight {
   mxfp8::MxView colwise() const;
 };
 
+class Ops;
+// fp8_config.hopper_gemm=bf16: v's values as a [v.rows, v.cols] tensor at the start of buf (act dtype, batch 1).
+Tensor mx_dequantized(Ops& ops, const mxfp8::MxView& v, const Tensor& buf);
+
 // One layer's expert weights, quantised once per optimizer step.
 struct MxExpertWeights {
   MxWeight w13, w2;  // [E, 2f, d], [E, d, f]

@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "mxtrain/ops.hpp"
+
 namespace mxt {
 
 void MxBuf::plan(Arena& arena, const std::string& name, int64_t elems) {
@@ -39,6 +41,12 @@ void MxWeight::plan(Arena& arena, const std::string& name, int64_t b, int64_t r,
 void MxWeight::plan_deq(Arena& arena, const std::string& name, DType dtype, bool with_row, bool with_col) {
   if (with_row) arena.add(deq_row, name + ".mx_row_bf16", dtype, {batch, rows, cols});
   if (with_col) arena.add(deq_col, name + ".mx_col_bf16", dtype, {batch, rows, cols});
+}
+
+Tensor mx_dequantized(Ops& ops, const mxfp8::MxView& v, const Tensor& buf) {
+  const Tensor t = buf.rows(0, v.rows * v.cols).view({v.rows, v.cols});
+  ops.mx_dequantize(v, t);
+  return t;
 }
 
 mxfp8::MxView MxWeight::rowwise() const {

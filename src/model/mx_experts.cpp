@@ -18,13 +18,6 @@ void quantize_both(Ops& ops, const Tensor& x, int64_t n, int64_t cols, mxfp8::Fo
   xr.rows = n;
 }
 
-// hopper_gemm=bf16: a copy's values as a [rows, cols] tensor in buf (act dtype).
-Tensor dequantized(Ops& ops, const mxfp8::MxView& v, const Tensor& buf) {
-  const Tensor t = buf.rows(0, v.rows * v.cols).view({v.rows, v.cols});
-  ops.mx_dequantize(v, t);
-  return t;
-}
-
 // C = A B[e]^T grouped along rows (forward, dgrad): the MXFP8 kernel on the codes, or (bf16) the bf16 grouped GEMM
 // on A's values and the weight's deq copy (the rowwise one in the forward's layout, the columnwise one read by the
 // bf16 dgrad).
@@ -34,7 +27,7 @@ void grouped_rows(Ops& ops, const MxExpertRun& r, const mxfp8::MxView& A, const 
     ops.mx_grouped_gemm(A, forward ? W.rowwise() : W.colwise(), r.offsets, C);
     return;
   }
-  const Tensor a = dequantized(ops, A, r.deq_a);
+  const Tensor a = mx_dequantized(ops, A, r.deq_a);
   if (forward) ops.grouped_gemm(a, W.deq_row, r.offsets, C);
   else ops.grouped_gemm_dgrad(a, W.deq_col, r.offsets, C);
 }
@@ -46,7 +39,7 @@ void grouped_wgrad(Ops& ops, const MxExpertRun& r, const mxfp8::MxView& dyc, con
     ops.mx_grouped_gemm_wgrad(dyc, xc, r.offsets, dW);
     return;
   }
-  ops.grouped_gemm_wgrad(dequantized(ops, dyc, r.deq_a), dequantized(ops, xc, r.deq_b), r.offsets, dW);
+  ops.grouped_gemm_wgrad(mx_dequantized(ops, dyc, r.deq_a), mx_dequantized(ops, xc, r.deq_b), r.offsets, dW);
 }
 
 // h13 = x W13 from x's rowwise copy xr, act = SwiGLU(h13) x wp, and act's copies: the forward's first half,

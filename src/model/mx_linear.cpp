@@ -24,18 +24,9 @@ mxfp8::MxView mx_dense_quantize(Ops& ops, const MxDense& m, const Tensor& x, con
   return r;
 }
 
-namespace {
-// hopper_gemm=bf16: a copy's values as a [rows, cols] tensor in buf (act dtype).
-Tensor dequantized(Ops& ops, const mxfp8::MxView& v, const Tensor& buf) {
-  const Tensor t = buf.rows(0, v.rows * v.cols).view({v.rows, v.cols});
-  ops.mx_dequantize(v, t);
-  return t;
-}
-}  // namespace
-
 void mx_linear_forward(Ops& ops, const MxDense& m, const mxfp8::MxView& x_row, const MxWeight& W, const Tensor& y) {
   if (m.bf16) {
-    ops.gemm(false, true, m.T, W.rows, W.cols, 1.f, dequantized(ops, x_row, m.deq_a), W.deq_row, 0.f,
+    ops.gemm(false, true, m.T, W.rows, W.cols, 1.f, mx_dequantized(ops, x_row, m.deq_a), W.deq_row, 0.f,
              y.view({m.T, W.rows}));
     return;
   }
@@ -50,9 +41,9 @@ void mx_linear_backward(Ops& ops, const MxDense& m, const Tensor& dy, const MxWe
   ops.mx_quantize(dy.view({m.T, out}), &gr, &gc);
   const bool acc = tmp.data != nullptr;
   if (m.bf16) {  // dx (+)= dy W, dW += dy^T x on the values (cuBLASLt accumulates into dx: no tmp)
-    ops.gemm(false, false, m.T, in, out, 1.f, dequantized(ops, gr, m.deq_a), W.deq_col, acc ? 1.f : 0.f,
+    ops.gemm(false, false, m.T, in, out, 1.f, mx_dequantized(ops, gr, m.deq_a), W.deq_col, acc ? 1.f : 0.f,
              dx.view({m.T, in}));
-    ops.gemm(true, false, out, in, m.T, 1.f, dequantized(ops, gc, m.deq_a), dequantized(ops, x_col, m.deq_b), 1.f,
+    ops.gemm(true, false, out, in, m.T, 1.f, mx_dequantized(ops, gc, m.deq_a), mx_dequantized(ops, x_col, m.deq_b), 1.f,
              dW.view({out, in}));
     return;
   }

@@ -174,7 +174,8 @@ TEST(CudaMxfp8, DequantizerBitExactWithCpuTwin) {
   const D cases[] = {{1, 64, 256, Direction::Rowwise, Format::E4M3},    {1, 7, 96, Direction::Rowwise, Format::E5M2},
                      {3, 96, 64, Direction::Rowwise, Format::E4M3},     {1, 256, 160, Direction::Columnwise, Format::E4M3},
                      {1, 96, 203, Direction::Columnwise, Format::E5M2}, {2, 64, 40, Direction::Columnwise, Format::E4M3},
-                     {1, 1024, 1056, Direction::Columnwise, Format::E4M3}};
+                     {1, 1024, 1056, Direction::Columnwise, Format::E4M3}, {1, 32, 3, Direction::Columnwise, Format::E4M3},
+                     {2, 96, 68, Direction::Columnwise, Format::E5M2}};  // rows not a multiple of the 64-row tile
   uint32_t seed = 300;
   int64_t nan_total = 0;
   for (const D& c : cases) {
