@@ -119,15 +119,41 @@ TEST(ExpertWgradGroup, FirstGroupOverwritesTheExpertGradients) {
   }
 }
 
-// Under MXFP8 the experts use their own weight-gradient kernels: the key changes nothing, and the trainer zeroes
-// their gradients as before.
-TEST(ExpertWgradGroup, IgnoredWithMxfp8) {
+// Under MXFP8 on the FP8 kernels (hopper_gemm=fp8) the experts use their own weight-gradient kernels: the key
+// changes nothing, and the trainer zeroes their gradients as before.
+TEST(ExpertWgradGroup, IgnoredWithMxfp8Kernels) {
   TrainConfig off = config(1, 2), on = config(2, 2);
   off.fp8.enabled = on.fp8.enabled = true;
+  off.fp8.hopper_gemm = on.fp8.hopper_gemm = "fp8";
   off.model.hidden_size = on.model.hidden_size = 64;  // MXFP8 wants multiples of 32
   off.model.intermediate_size = on.model.intermediate_size = 128;
   expect_same(train(off), train(on));
   EXPECT_EQ(plan_memory(off, DType::BF16).activation_bytes, plan_memory(on, DType::BF16).activation_bytes);
+}
+
+// MXFP8 with hopper_gemm=bf16 (the default) holds the dequantised columnwise copies instead, and trains bit for bit
+// like one weight-gradient GEMM per micro-batch (the CPU twin adds the sets in the same order), with short last
+// groups and with recomputed activations; the plan holds G - 1 sets of them.
+TEST(ExpertWgradGroup, Mxfp8WithBf16GemmsHoldsDequantisedOperands) {
+  for (const int64_t acc : {2, 3, 4}) {
+    for (const int64_t group : {2, 3}) {
+      for (const bool recompute : {false, true}) {
+        SCOPED_TRACE("grad_acc_steps " + std::to_string(acc) + ", group " + std::to_string(group) +
+                     (recompute ? ", recompute" : ""));
+        TrainConfig off = config(1, acc), on = config(group, acc);
+        for (TrainConfig* c : {&off, &on}) {
+          c->fp8.enabled = true;
+          c->fp8.hopper_gemm = "bf16";
+          c->model.hidden_size = 64;
+          c->model.intermediate_size = 128;
+          c->recompute_experts = recompute;
+        }
+        expect_same(train(off), train(on));
+        if (acc == 4 && !recompute)
+          EXPECT_GT(plan_memory(on, DType::BF16).activation_bytes, plan_memory(off, DType::BF16).activation_bytes);
+      }
+    }
+  }
 }
 
 // The plan holds G - 1 micro-batches' expert operands per layer: dy and x (C x d each), the SwiGLU output (C x f),
@@ -186,7 +212,9 @@ TEST(ExpertWgradGroup, SaysWhenTheKeyIsCapped) {
   fp8.fp8.enabled = true;
   fp8.model.hidden_size = 64;
   fp8.model.intermediate_size = 128;
-  EXPECT_NE(warning(fp8).find("takes effect as 1: the MXFP8 experts"), std::string::npos);
+  EXPECT_EQ(warning(fp8).find("expert_wgrad_micro_batches"), std::string::npos);  // hopper_gemm=bf16 holds them
+  fp8.fp8.hopper_gemm = "fp8";
+  EXPECT_NE(warning(fp8).find("takes effect as 1: the MXFP8 experts on the FP8 kernels"), std::string::npos);
 }
 
 TEST(ExpertWgradGroup, ConfigKey) {

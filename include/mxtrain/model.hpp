@@ -173,6 +173,9 @@ class MixtralModel {
   // just before its backward needs them (attention: QKV and O; else the experts' w13 and w2).
   void quantize_fp8_colwise(int l, bool attention);
   MxExpertRun mx_run(int l, int64_t n, const Tensor& offsets) const;
+  // hopper_gemm=bf16 with held expert weight-gradient operands: MxExpertRun::wgrad for layer l's n rows.
+  std::function<void(const mxfp8::MxView&, const mxfp8::MxView&, const Tensor&)> mx_held_wgrad(int l, int64_t n,
+                                                                                              const Tensor& off);
   MxDense mx_dense() const;
 
   ModelConfig cfg_;

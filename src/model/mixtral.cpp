@@ -41,7 +41,9 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   C_ = ep_on ? ep_capacity_rows(T_, k_, E_, ep_.size, ep_.capacity_factor) : R_;
   if (const char* s = std::getenv("MXTRAIN_OVERLAP_SMS")) overlap_sms_ = std::max(0, std::atoi(s));
   mx_ = fp8.enabled;
-  wgrad_group_ = mx_ ? 1 : std::max<int64_t>(1, expert_wgrad_micro_batches);  // MXFP8: their own wgrad kernels
+  mx_bf16_ = mx_ && fp8.hopper_gemm == "bf16";
+  // The FP8 kernels have their own weight-gradient kernels; hopper_gemm=bf16 holds dequantised operands instead.
+  wgrad_group_ = mx_ && !mx_bf16_ ? 1 : std::max<int64_t>(1, expert_wgrad_micro_batches);
   mx_attn_ = mx_ && !fp8.keep_attention_bf16;
   Cx_ = mx_ ? (C_ + 31) / 32 * 32 : C_;
   const int64_t hd = cfg.head_dim(), H = cfg.num_attention_heads, KVH = cfg.num_key_value_heads;
@@ -92,10 +94,12 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
     for (size_t s = 0; s < held_[l].size(); ++s) {
       HeldWgrad& h = held_[l][s];
       const std::string p = "layer" + std::to_string(l) + ".held_wgrad" + std::to_string(s) + "_";
-      arena_.add(h.dye, p + "dexpert_out", A, {C_, d_});
-      arena_.add(h.act, p + "expert_act", A, {C_, f_});
-      arena_.add(h.dh13, p + "dexpert_h13", A, {C_, 2 * f_});
-      arena_.add(h.xe, p + "expert_in", A, {C_, d_});
+      // MXFP8 (hopper_gemm=bf16) holds the dequantised columnwise copies, padded to whole 32-row blocks.
+      const int64_t rows = mx_ ? Cx_ : C_;
+      arena_.add(h.dye, p + "dexpert_out", A, {rows, d_});
+      arena_.add(h.act, p + "expert_act", A, {rows, f_});
+      arena_.add(h.dh13, p + "dexpert_h13", A, {rows, 2 * f_});
+      arena_.add(h.xe, p + "expert_in", A, {rows, d_});
       arena_.add(h.offsets, p + "expert_offsets", I, {El_ + 1});
     }
   }
@@ -217,7 +221,7 @@ void MixtralModel::set_micro_batch(int64_t index, int64_t count, bool overwrite_
   mb_index_ = index;
   mb_count_ = count;
   overwrite_grads_ = overwrite_expert_grads && overwrites_expert_grads();
-  if (held_.empty()) return;
+  if (held_.empty() || mx_) return;  // MXFP8 dequantises into the held buffers in its backward
   const bool hold = holds_wgrad();
   for (size_t l = 0; l < acts_.size(); ++l) {
     LayerActs& a = acts_[l];

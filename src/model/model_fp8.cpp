@@ -45,7 +45,6 @@ void MixtralModel::plan_fp8() {
   const int64_t room = std::max(Cx_ * std::max(d_, 2 * f_), mx_attn_ ? T_ * std::max(d_, H * hd) : 0);
   s_.mx_a.plan(arena_, "scratch.mx_a", room);
   s_.mx_b.plan(arena_, "scratch.mx_b", room);
-  mx_bf16_ = fp8_.hopper_gemm == "bf16";
   if (mx_bf16_) {
     arena_.add(s_.mx_deq_a, "scratch.mx_deq_a", A, {room});
     arena_.add(s_.mx_deq_b, "scratch.mx_deq_b",
@@ -136,6 +135,35 @@ void MixtralModel::quantize_fp8_weights() {
     mx_quantize_weight(ops_, w.wv, q.wv, true, col);
     mx_quantize_weight(ops_, w.wo, q.wo, true, col);
   }
+}
+
+// expert_wgrad_micro_batches > 1 with hopper_gemm=bf16, as the bf16 path does it: a holding micro-batch dequantises
+// its columnwise copies into its held buffers (token-major, like bf16's held operands); the group's last one
+// contracts every held set and its own in one grouped GEMM. (MXFP8 expert gradients are zeroed each step: adds.)
+std::function<void(const mxfp8::MxView&, const mxfp8::MxView&, const Tensor&)> MixtralModel::mx_held_wgrad(
+    int l, int64_t n, const Tensor& off) {
+  return [this, l, n, off](const mxfp8::MxView& dyc, const mxfp8::MxView& xc, const Tensor& dW) {
+    const bool w13 = dW.data == g_.layers[l].w13.data;
+    Tensor HeldWgrad::*hdy = w13 ? &HeldWgrad::dh13 : &HeldWgrad::dye;
+    Tensor HeldWgrad::*hx = w13 ? &HeldWgrad::xe : &HeldWgrad::act;
+    auto flat = [](const Tensor& t) { return t.view({t.numel()}); };
+    const int64_t slot = wgrad_slot();
+    if (holds_wgrad()) {
+      HeldWgrad& h = held_[l][static_cast<size_t>(slot)];
+      mx_dequantized(ops_, dyc, flat(h.*hdy));
+      mx_dequantized(ops_, xc, flat(h.*hx));
+      if (!w13) ops_.copy(off, h.offsets);
+      return;
+    }
+    std::vector<Ops::WgradRowSet> sets;
+    for (int64_t s = 0; s < slot; ++s) {
+      const HeldWgrad& p = held_[l][static_cast<size_t>(s)];
+      if (p.rows > 0) sets.push_back({(p.*hdy).rows(0, p.rows), (p.*hx).rows(0, p.rows), p.offsets});
+    }
+    sets.push_back({mx_dequantized(ops_, dyc, s_.mx_deq_a).rows(0, n), mx_dequantized(ops_, xc, s_.mx_deq_b).rows(0, n),
+                    off});
+    ops_.grouped_gemm_wgrad_sets(sets, dW, true);
+  };
 }
 
 MxExpertRun MixtralModel::mx_run(int l, int64_t n, const Tensor& offsets) const {

@@ -135,7 +135,8 @@ void MixtralModel::moe_backward(int l) {
   const bool ep = ep_.size > 1;
   // The experts' output gradient dye (without EP the permuted dy itself); a micro-batch that holds its expert
   // operands gets it straight in the held buffer.
-  const Tensor dye = !held_.empty() && holds_wgrad() ? held_[l][static_cast<size_t>(wgrad_slot())].dye : s_.dye;
+  const Tensor dye =
+      !held_.empty() && !mx_ && holds_wgrad() ? held_[l][static_cast<size_t>(wgrad_slot())].dye : s_.dye;
   // unpermute backward = permute of the output gradient
   ops_.moe_permute(s_.dx, a.perm, k, (ep ? s_.dyp : dye).rows(0, R_));
   // combine backward = dispatch of the output gradient, with the forward's splits
@@ -160,8 +161,11 @@ void MixtralModel::moe_backward(int l) {
     }
   }
   if (n > 0 && mx_) {
-    mx_experts_backward(ops_, mx_run(l, n, off), mxw_[l].experts, dye, a.h13, a.we.rows(0, n), s_.dact,
-                        s_.dh13, s_.dxe, s_.dwe.rows(0, n), g.w13, g.w2, combine);
+    MxExpertRun r = mx_run(l, n, off);
+    if (!held_.empty()) r.wgrad = mx_held_wgrad(l, n, off);
+    mx_experts_backward(ops_, r, mxw_[l].experts, dye, a.h13, a.we.rows(0, n), s_.dact, s_.dh13, s_.dxe,
+                        s_.dwe.rows(0, n), g.w13, g.w2, combine);
+    if (!held_.empty() && holds_wgrad()) held_[l][static_cast<size_t>(wgrad_slot())].rows = n;
   } else {
     experts_backward(l, n, off, dye, combine);
   }

@@ -39,6 +39,10 @@ void grouped_wgrad(Ops& ops, const MxExpertRun& r, const mxfp8::MxView& dyc, con
     ops.mx_grouped_gemm_wgrad(dyc, xc, r.offsets, dW);
     return;
   }
+  if (r.wgrad) {
+    r.wgrad(dyc, xc, dW);
+    return;
+  }
   ops.grouped_gemm_wgrad(mx_dequantized(ops, dyc, r.deq_a), mx_dequantized(ops, xc, r.deq_b), r.offsets, dW);
 }
 

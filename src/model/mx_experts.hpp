@@ -29,6 +29,9 @@ struct MxExpertRun {
   // max(d, f) elements).
   bool bf16 = false;
   Tensor deq_a, deq_b;
+  // bf16 with expert_wgrad_micro_batches > 1: does the weight gradients dW += dY^T X instead (from the columnwise
+  // copies; the model's held micro-batches: MixtralModel::mx_held_wgrad).
+  std::function<void(const mxfp8::MxView& dyc, const mxfp8::MxView& xc, const Tensor& dW)> wgrad;
 };
 
 // x [>= n_pad, d] (its rows [n, n_pad) are zeroed here), wp [n] F32 ->

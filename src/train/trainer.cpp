@@ -27,9 +27,10 @@ namespace {
 int64_t local_experts(const TrainConfig& c) { return c.model.num_local_experts / c.parallelism.ep_size; }
 
 // Micro-batches per expert weight-gradient GEMM as it takes effect: at most the step's, and 1 for the MXFP8
-// experts (their own weight-gradient kernels).
+// experts on the FP8 kernels (hopper_gemm=fp8: their own weight-gradient kernels).
 int64_t expert_wgrad_group(const TrainConfig& cfg) {
-  return cfg.fp8.enabled ? 1 : std::max<int64_t>(1, std::min(cfg.expert_wgrad_micro_batches, cfg.grad_acc_steps));
+  if (cfg.fp8.enabled && cfg.fp8.hopper_gemm != "bf16") return 1;
+  return std::max<int64_t>(1, std::min(cfg.expert_wgrad_micro_batches, cfg.grad_acc_steps));
 }
 
 std::shared_ptr<ProcessGroups> checked_groups(const TrainConfig& c, std::shared_ptr<ProcessGroups> g) {
@@ -149,7 +150,8 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   if (rank_ == 0 && cfg.expert_wgrad_micro_batches > expert_wgrad_group(cfg))
     spdlog::warn("expert_wgrad_micro_batches={} takes effect as {}: {}", cfg.expert_wgrad_micro_batches,
                  expert_wgrad_group(cfg),
-                 cfg.fp8.enabled ? "the MXFP8 experts have their own weight-gradient kernels"
+                 cfg.fp8.enabled && cfg.fp8.hopper_gemm != "bf16"
+                     ? "the MXFP8 experts on the FP8 kernels (hopper_gemm=fp8) have their own weight-gradient kernels"
                                  : "a group cannot hold more than the step's grad_acc_steps micro-batches");
   if (rank_ == 0)
     spdlog::info("set-up: weights {} in {:.1f} s, {:.1f} GB to the {} in {:.1f} s (with the working copies), model "
