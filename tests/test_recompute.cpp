@@ -111,6 +111,11 @@ TEST(PlanFit, TooBigFailsEarlyNamingTheKeysThatShrinkIt) {
   EXPECT_NE(msg.find("GiB per rank"), std::string::npos) << msg;
   EXPECT_NE(msg.find("recompute_experts=true"), std::string::npos) << msg;
   EXPECT_EQ(msg.find("cache_columnwise_weights=false"), std::string::npos) << msg;  // L1 already sets it
+  EXPECT_EQ(msg.find("hopper_gemm=fp8"), std::string::npos) << msg;                 // and this
+  // With the bf16 GEMMs (the default) L1 does not fit, and the advice names the FP8 kernels' smaller copies.
+  const TrainConfig bf = to_train_config(resolve_config(LoadOptions{"L1_8x7B_ep", "", {"fp8_config.hopper_gemm=bf16"}}));
+  const std::string bf_msg = plan_fit_problem(bf, plan_memory(bf, DType::BF16), h200_free);
+  EXPECT_NE(bf_msg.find("fp8_config.hopper_gemm=fp8"), std::string::npos) << bf_msg;
   EXPECT_EQ(plan_fit_problem(c, p, p.total_bytes() + kPlanHeadroom), "");
   EXPECT_NE(plan_fit_problem(c, p, p.total_bytes() + kPlanHeadroom - 1), "");
   EXPECT_EQ(plan_fit_problem(c, p, 0), "");

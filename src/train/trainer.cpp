@@ -735,6 +735,8 @@ std::string plan_fit_problem(const TrainConfig& cfg, const MemoryPlan& p, size_t
     s += " expert_wgrad_micro_batches=1 (no micro-batch of expert operands held per layer);";
   if (cfg.fp8.enabled && cfg.fp8.cache_columnwise_weights)
     s += " fp8_config.cache_columnwise_weights=false (dgrad weight copies one layer at a time);";
+  if (cfg.fp8.enabled && cfg.fp8.hopper_gemm == "bf16")
+    s += " fp8_config.hopper_gemm=fp8 (E4M3 weight copies instead of bf16 ones, on slower GEMMs);";
   if (cfg.lm_head_chunk_tokens > 1024) s += " lm_head_chunk_tokens=1024;";
   if (cfg.dataset.micro_batch_size > 1) s += " a smaller dataset.micro_batch_size;";
   s += " more ranks (parallelism.ep_size / dp_size shard the experts and the optimizer state).";
