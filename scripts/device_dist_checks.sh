@@ -18,10 +18,11 @@
 #   trainer   scripts/bench_trainer.py: L0_sanity (1 GPU) and the 8x7B 2-layer shape beside the HF baseline
 #   study     scripts/router_precision_study.py: which bf16 roundings move the router-gate gradients
 #   mxgpu     the MXFP8 CUDA tests (quantisers, GEMMs, expert MLP, dense linear, a short fp8 training run) vs CPU twins
-#   conv      convergence, bf16 (GPU 0) beside MXFP8 (GPU 1) on the same data: L0_sanity 300 steps, then 8x1B
-#             (seq 4096, mbs 1, acc 1, lr 3e-4) 300 steps
-#   fp8speed  8x1B (seq 4096, mbs 1, acc 8): bf16, MXFP8, and the HF baseline (shared/bench/hf_baseline.py copied
-#             into BIN_DIR), one after the other: tokens/s and peak memory
+#   conv      convergence, bf16 (GPU 0) beside MXFP8 (GPU 1; on a one-GPU machine one after the other) on the same
+#             data: L0_sanity 300 steps, then 8x1B (seq 4096, mbs 1, acc 1, lr 3e-4) 300 steps
+#   fp8speed  8x1B (seq 4096, mbs 1, acc 8): bf16, MXFP8 with the bf16 GEMMs (fp8_config.hopper_gemm=bf16, the
+#             default) and with the FP8 kernels (hopper_gemm=fp8), and the HF baseline (shared/bench/hf_baseline.py
+#             copied into BIN_DIR), one after the other: tokens/s and peak memory
 #   epover    8x1B (seq 4096, mbs 1, acc 8, 6 steps), stage timing on (MXTRAIN_STAGE_TIMING=1): 1 GPU, then EP=2 on 2
 #             GPUs with the backward combine overlapped (parallelism.ep_overlap), overlapped with 16 SMs left to
 #             NCCL (MXTRAIN_OVERLAP_SMS=16), and not overlapped: tokens/s per GPU and where each rank's GPU time goes
@@ -351,10 +352,14 @@ PY
     B8="--config-name bench_8x1B backend=cuda $DATA"
     CUDA_VISIBLE_DEVICES=0 "$MX" $B8 output_dir="$OUT/sp_bf16" >"$OUT/sp_bf16.log" 2>&1
     CUDA_VISIBLE_DEVICES=0 "$MX" $B8 fp8_config.enabled=true output_dir="$OUT/sp_mx" >"$OUT/sp_mx.log" 2>&1
+    CUDA_VISIBLE_DEVICES=0 "$MX" $B8 fp8_config.enabled=true fp8_config.hopper_gemm=fp8 output_dir="$OUT/sp_mxk" \
+      >"$OUT/sp_mxk.log" 2>&1
     CUDA_VISIBLE_DEVICES=0 timeout 300 python3 "$BIN_DIR/hf_baseline.py" --preset 8x1B --seq 4096 --mbs 1 \
       --acc 8 >"$OUT/sp_hf.log" 2>&1
-    metrics bf16="$OUT/sp_bf16/metrics.jsonl" mxfp8="$OUT/sp_mx/metrics.jsonl" | tee "$OUT/sp.txt"
-    grep -h "peak allocated" "$OUT/sp_bf16.log" "$OUT/sp_mx.log" | sed 's/^.*\] //' | tee -a "$OUT/sp.txt"
+    metrics bf16="$OUT/sp_bf16/metrics.jsonl" mxfp8="$OUT/sp_mx/metrics.jsonl" \
+      mxfp8_fp8_kernels="$OUT/sp_mxk/metrics.jsonl" | tee "$OUT/sp.txt"
+    grep -h "peak allocated" "$OUT/sp_bf16.log" "$OUT/sp_mx.log" "$OUT/sp_mxk.log" | sed 's/^.*\] //' |
+      tee -a "$OUT/sp.txt"
     tail -5 "$OUT/sp_hf.log" | tee -a "$OUT/sp.txt"
     add "8x1B speed bf16/MXFP8/HF" "$(head -2 "$OUT/sp.txt" | tr '\n' ' ' | cut -c1-300)"
     ;;
