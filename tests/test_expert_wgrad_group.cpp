@@ -156,6 +156,60 @@ TEST(ExpertWgradGroup, Mxfp8WithBf16GemmsHoldsDequantisedOperands) {
   }
 }
 
+// ... and it really holds them: after a holding micro-batch's backward the expert gradients are untouched (zero),
+// where one weight-gradient GEMM per micro-batch has already added to them; the group's last micro-batch brings
+// them to the ungrouped run's bits.
+TEST(ExpertWgradGroup, Mxfp8WithBf16GemmsDefersTheExpertWeightGradients) {
+  const ModelConfig cfg = tiny_model(37, 64, 96, 16);
+  const ParamLayout layout = ParamLayout::build(cfg, 0, cfg.num_local_experts);
+  std::vector<float> dense, expert;
+  init_params_host(layout, cfg, 9, dense, expert);
+  const int64_t B = 2, S = 8, acc = 3;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> tok(0, static_cast<int>(cfg.vocab_size) - 1);
+  std::vector<std::vector<int32_t>> ids(acc), labels(acc);
+  std::vector<int32_t> pos;
+  for (int64_t i = 0; i < B * S; ++i) pos.push_back(static_cast<int32_t>(i % S));
+  for (int64_t m = 0; m < acc; ++m)
+    for (int64_t i = 0; i < B * S; ++i) {
+      ids[m].push_back(tok(rng));
+      labels[m].push_back(tok(rng));
+    }
+  Fp8Config fp8;
+  fp8.enabled = true;
+  fp8.keep_attention_bf16 = true;  // 16 tokens per micro-batch: not whole 32-token blocks
+  fp8.hopper_gemm = "bf16";
+  // Runs the step; returns the expert gradients' squared norm after each micro-batch, and their final values.
+  auto run = [&](int64_t group, std::vector<float>& ge) {
+    auto ops = make_cpu_ops();
+    MixtralModel model(cfg, *ops, B, S, layout, true, {}, fp8, false, group);
+    std::vector<float> gd(dense.size(), 0.f);
+    ge.assign(expert.size(), 0.f);
+    model.bind(Tensor(dense.data(), DType::F32, {(int64_t)dense.size()}),
+               Tensor(expert.data(), DType::F32, {(int64_t)expert.size()}),
+               Tensor(gd.data(), DType::F32, {(int64_t)gd.size()}), Tensor(ge.data(), DType::F32, {(int64_t)ge.size()}));
+    std::vector<double> norms;
+    for (int64_t m = 0; m < acc; ++m) {
+      model.set_micro_batch(m, acc, false);
+      MicroBatch mb{Tensor(ids[m].data(), DType::I32, {B * S}), Tensor(labels[m].data(), DType::I32, {B * S}),
+                    Tensor(pos.data(), DType::I32, {B * S})};
+      float sum = 0;
+      model.forward_backward(mb, 1.f / (B * S), 1.f, Tensor(&sum, DType::F32, {1}), true, 1234);
+      double n2 = 0;
+      for (float g : ge) n2 += static_cast<double>(g) * g;
+      norms.push_back(n2);
+    }
+    return norms;
+  };
+  std::vector<float> one, grouped;
+  const std::vector<double> n1 = run(1, one), n3 = run(3, grouped);
+  EXPECT_GT(n1[0], 0.0);
+  EXPECT_EQ(n3[0], 0.0) << "the first micro-batch of a group of 3 must hold its operands, not add to dW";
+  EXPECT_EQ(n3[1], 0.0);
+  EXPECT_GT(n3[2], 0.0);
+  EXPECT_EQ(0, std::memcmp(one.data(), grouped.data(), one.size() * sizeof(float)));
+}
+
 // The plan holds G - 1 micro-batches' expert operands per layer: dy and x (C x d each), the SwiGLU output (C x f),
 // dh13 (C x 2f), and the expert offsets; G is capped at grad_acc_steps.
 TEST(ExpertWgradGroup, PlanHoldsGroupMinusOneMicroBatchesOfExpertOperandsPerLayer) {

@@ -192,6 +192,8 @@ class MixtralModel {
   std::vector<std::pair<Tensor, Tensor>> own_xe_act_;  // [layer]: the layer's own xe and act buffers
   // This micro-batch's place in its group, and whether it holds its expert operands for the group's last.
   int64_t wgrad_slot() const { return mb_index_ % wgrad_group_; }
+  // Layer l's held row sets before this micro-batch's slot that have rows, as (dy, x) = the members hdy, hx.
+  std::vector<Ops::WgradRowSet> held_sets(int l, Tensor HeldWgrad::*hdy, Tensor HeldWgrad::*hx) const;
   bool holds_wgrad() const { return wgrad_slot() + 1 < wgrad_group_ && mb_index_ + 1 < mb_count_; }
   int64_t mb_index_ = 0, mb_count_ = 1;
   bool overwrite_grads_ = false;   // the step's first group writes the expert gradients

@@ -1,6 +1,7 @@
 // CPU twins of the MXFP8 ops: the bit-exact quantiser (mxfp8::quantize), then GEMMs on the dequantised
 // operands through OpenBLAS. Dequantisation is exact, so this differs from an MX tensor-core GEMM only in
 // fp32 summation order; it keeps L0-size CPU runs fast (the fp64 mxfp8::gemm_ref is the kernels' oracle).
+#include <algorithm>
 #include <vector>
 
 #include "cpu/check.hpp"
@@ -56,16 +57,8 @@ void CpuOps::mx_dequantize(const MxView& q, const Tensor& out) {
   check_view(q, op, "q");
   if (out.numel() != q.data_bytes())
     cpu::fail(op, "out must hold the copy's " + std::to_string(q.data_bytes()) + " values, got " + out.shape_str());
-  float* o = cpu::f32(out, op, "out");
-  const std::vector<float> v = dequantize_operand(q);  // operand layout: [batch][op_rows][op_k]
-  const int64_t R = q.op_rows(), K = q.op_k();
-  for (int64_t b = 0; b < q.batch; ++b)
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t k = 0; k < K; ++k) {
-        const float x = v[(b * R + r) * K + k];
-        if (q.dir == mxfp8::Direction::Rowwise) o[(b * R + r) * K + k] = x;
-        else o[(b * K + k) * R + r] = x;  // the columnwise copy is stored transposed
-      }
+  const std::vector<float> v = mxfp8::dequantize(q);  // the logical layout, either direction
+  std::copy(v.begin(), v.end(), cpu::f32(out, op, "out"));
 }
 
 void CpuOps::mx_grouped_gemm(const MxView& A, const MxView& B, const Tensor& offsets, const Tensor& C) {

@@ -58,11 +58,11 @@ void MixtralModel::plan_fp8() {
   // one shared set in the activation arena, requantised by each layer's backward.
   // hopper_gemm=bf16: the GEMMs read bf16 copies of the values (deq), planned where the codes would be, and the
   // codes are only a staging set (mx_stage_) shared by every layer's quantisation.
-  auto plan_layer = [&](LayerMxWeights& q, Arena& arena, const std::string& p, bool row, bool col) {
-    const bool codes = !mx_bf16_;
+  auto plan_layer = [&](LayerMxWeights& q, Arena& arena, const std::string& p, bool row, bool col, bool codes,
+                        bool deq) {
     auto one = [&](MxWeight& m, const std::string& name, int64_t b, int64_t r, int64_t c) {
       m.plan(arena, name, b, r, c, row && codes, col && codes);
-      if (mx_bf16_) m.plan_deq(arena, name, A, row, col);
+      if (deq) m.plan_deq(arena, name, A, row, col);
     };
     if (mx_attn_) {
       one(q.wq, p + "wq", 1, H * hd, d_);
@@ -76,21 +76,9 @@ void MixtralModel::plan_fp8() {
   const bool cache = fp8_.cache_columnwise_weights;
   mxw_.resize(acts_.size());
   for (size_t l = 0; l < mxw_.size(); ++l)
-    plan_layer(mxw_[l], mx_weights_arena_, "layer" + std::to_string(l) + ".", true, cache);
-  if (!cache) plan_layer(mx_col_, arena_, "scratch.", false, true);
-  if (mx_bf16_) {
-    auto stage = [&](MxWeight& m, const std::string& name, int64_t b, int64_t r, int64_t c) {
-      m.plan(arena_, "scratch.mx_stage." + name, b, r, c, true, true);
-    };
-    if (mx_attn_) {
-      stage(mx_stage_.wq, "wq", 1, H * hd, d_);
-      stage(mx_stage_.wk, "wk", 1, KVH * hd, d_);
-      stage(mx_stage_.wv, "wv", 1, KVH * hd, d_);
-      stage(mx_stage_.wo, "wo", 1, d_, H * hd);
-    }
-    stage(mx_stage_.experts.w13, "experts.w13", El_, 2 * f_, d_);
-    stage(mx_stage_.experts.w2, "experts.w2", El_, d_, f_);
-  }
+    plan_layer(mxw_[l], mx_weights_arena_, "layer" + std::to_string(l) + ".", true, cache, !mx_bf16_, mx_bf16_);
+  if (!cache) plan_layer(mx_col_, arena_, "scratch.", false, true, !mx_bf16_, mx_bf16_);
+  if (mx_bf16_) plan_layer(mx_stage_, arena_, "scratch.mx_stage.", true, true, true, false);
 }
 
 void MixtralModel::quantize_fp8_colwise(int l, bool attention) {
@@ -147,19 +135,14 @@ std::function<void(const mxfp8::MxView&, const mxfp8::MxView&, const Tensor&)> M
     Tensor HeldWgrad::*hdy = w13 ? &HeldWgrad::dh13 : &HeldWgrad::dye;
     Tensor HeldWgrad::*hx = w13 ? &HeldWgrad::xe : &HeldWgrad::act;
     auto flat = [](const Tensor& t) { return t.view({t.numel()}); };
-    const int64_t slot = wgrad_slot();
     if (holds_wgrad()) {
-      HeldWgrad& h = held_[l][static_cast<size_t>(slot)];
+      HeldWgrad& h = held_[l][static_cast<size_t>(wgrad_slot())];
       mx_dequantized(ops_, dyc, flat(h.*hdy));
       mx_dequantized(ops_, xc, flat(h.*hx));
       if (!w13) ops_.copy(off, h.offsets);
       return;
     }
-    std::vector<Ops::WgradRowSet> sets;
-    for (int64_t s = 0; s < slot; ++s) {
-      const HeldWgrad& p = held_[l][static_cast<size_t>(s)];
-      if (p.rows > 0) sets.push_back({(p.*hdy).rows(0, p.rows), (p.*hx).rows(0, p.rows), p.offsets});
-    }
+    std::vector<Ops::WgradRowSet> sets = held_sets(l, hdy, hx);
     sets.push_back({mx_dequantized(ops_, dyc, s_.mx_deq_a).rows(0, n), mx_dequantized(ops_, xc, s_.mx_deq_b).rows(0, n),
                     off});
     ops_.grouped_gemm_wgrad_sets(sets, dW, true);

@@ -79,6 +79,15 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
 // a recomputed SwiGLU output is copied) and the group's last contracts all held row sets and its own per expert
 // in one grouped GEMM (the held sets first, in micro-batch order: the order of the ungrouped accumulation, which
 // the per-set fallback then reproduces bit for bit).
+std::vector<Ops::WgradRowSet> MixtralModel::held_sets(int l, Tensor HeldWgrad::*hdy, Tensor HeldWgrad::*hx) const {
+  std::vector<Ops::WgradRowSet> sets;
+  for (int64_t s = 0; s < wgrad_slot(); ++s) {
+    const HeldWgrad& p = held_[l][static_cast<size_t>(s)];
+    if (p.rows > 0) sets.push_back({(p.*hdy).rows(0, p.rows), (p.*hx).rows(0, p.rows), p.offsets});
+  }
+  return sets;
+}
+
 void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const Tensor& dye,
                                     const std::function<void()>& combine) {
   const LayerActs& a = acts_[l];
@@ -91,11 +100,7 @@ void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const T
   // dW (+)= the held sets' rows and this micro-batch's, whichever exist (a rank may receive none).
   auto wgrad = [&](const Tensor& dy, const Tensor& x, Tensor HeldWgrad::*hdy, Tensor HeldWgrad::*hx,
                    const Tensor& dW) {
-    std::vector<Ops::WgradRowSet> sets;
-    for (int64_t s = 0; s < slot; ++s) {
-      const HeldWgrad& p = held_[l][static_cast<size_t>(s)];
-      if (p.rows > 0) sets.push_back({(p.*hdy).rows(0, p.rows), (p.*hx).rows(0, p.rows), p.offsets});
-    }
+    std::vector<Ops::WgradRowSet> sets = held_sets(l, hdy, hx);
     if (n > 0) sets.push_back({dy.rows(0, n), x.rows(0, n), off});
     ops_.grouped_gemm_wgrad_sets(sets, dW, accumulate);
   };

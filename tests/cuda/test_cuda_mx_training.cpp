@@ -154,6 +154,7 @@ TEST(CudaMxTraining, HopperGemmBf16TracksTheFp8Kernels) {
       Trainer t(cfg, ops, embedded_corpus_tokens());
       return t.run();
     };
+    c.fp8.hopper_gemm = "fp8";  // the FP8 wgmma kernels (bf16 is the default)
     const std::vector<double> fp8 = run(*gpu, c), twin = run(*cpu, c);
     c.fp8.hopper_gemm = "bf16";
     const std::vector<double> bf16 = run(*gpu, c);
