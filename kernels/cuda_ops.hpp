@@ -109,6 +109,10 @@ class CudaOps : public Ops {
                              const Tensor& C) override;
 
   void swiglu_forward(const Tensor& h13, const Tensor& wp, const Tensor& a) override;
+  void grouped_gemm_swiglu(const Tensor& x, const Tensor& W13, const Tensor& offsets, const Tensor& wp,
+                           const Tensor& h13, const Tensor& a) override;
+  void grouped_gemm_dgrad_swiglu(const Tensor& dy, const Tensor& W2, const Tensor& offsets, const Tensor& h13,
+                                 const Tensor& wp, const Tensor& dact, const Tensor& dh13, const Tensor& dwp) override;
   void swiglu_backward(const Tensor& da, const Tensor& h13, const Tensor& wp, const Tensor& dh13,
                        const Tensor& dwp) override;
 

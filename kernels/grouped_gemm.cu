@@ -314,6 +314,61 @@ void CudaOps::grouped_gemm(const Tensor& x, const Tensor& W, const Tensor& offse
   launch_rows<true>(op, xp, wp, off, g.E, R, g.out, g.in, yp, ctx().stream);
 }
 
+// On Hopper one kernel (the SwiGLU in the forward's epilogue); elsewhere the two ops.
+void CudaOps::grouped_gemm_swiglu(const Tensor& x, const Tensor& W13, const Tensor& offsets, const Tensor& wp,
+                                  const Tensor& h13, const Tensor& a) {
+  const char* op = "grouped_gemm_swiglu";
+  const int64_t R = x.ndim ? x.shape[0] : 0;
+  const Groups g = check_groups(W13, offsets, op, "W13");
+  check_limits(op, R, g.E);
+  if (g.out % 2) cuda::fail(op, "W13 must hold 2f rows (gate and up) per expert, got " + W13.shape_str());
+  const int64_t f = g.out / 2;
+  expect_rows(x, R, g.in, op, "x");
+  expect_rows(h13, R, g.out, op, "h13");
+  expect_rows(a, R, f, op, "a");
+  cuda::expect_numel(wp, R, op, "wp");
+  const bf16* xp = cuda::bf16p(x, op, "x");
+  const bf16* w13 = cuda::bf16p(W13, op, "W13");
+  const float* w = cuda::f32(wp, op, "wp");
+  bf16* hp = cuda::bf16p(h13, op, "h13");
+  bf16* ap = cuda::bf16p(a, op, "a");
+  const int32_t* off = cuda::i32(offsets, op, "offsets");
+  if (sm90::try_grouped_fwd_swiglu(xp, w13, off, g.E, R, f, g.in, w, hp, ap, ctx())) return;
+  grouped_gemm(x, W13, offsets, h13);
+  swiglu_forward(h13, wp, a);
+}
+
+// On Hopper one kernel (the SwiGLU backward in the dgrad's epilogue, dwp's partials in dact's memory) and a small
+// reduction; elsewhere the two ops.
+void CudaOps::grouped_gemm_dgrad_swiglu(const Tensor& dy, const Tensor& W2, const Tensor& offsets, const Tensor& h13,
+                                        const Tensor& wp, const Tensor& dact, const Tensor& dh13, const Tensor& dwp) {
+  const char* op = "grouped_gemm_dgrad_swiglu";
+  const int64_t R = dy.ndim ? dy.shape[0] : 0;
+  const Groups g = check_groups(W2, offsets, op, "W2");
+  check_limits(op, R, g.E);
+  const int64_t f = g.in;
+  expect_rows(dy, R, g.out, op, "dy");
+  expect_rows(h13, R, 2 * f, op, "h13");
+  expect_rows(dact, R, f, op, "dact");
+  expect_rows(dh13, R, 2 * f, op, "dh13");
+  cuda::expect_numel(wp, R, op, "wp");
+  cuda::expect_numel(dwp, R, op, "dwp");
+  const bf16* gp = cuda::bf16p(dy, op, "dy");
+  const bf16* w2 = cuda::bf16p(W2, op, "W2");
+  const bf16* hp = cuda::bf16p(h13, op, "h13");
+  const float* w = cuda::f32(wp, op, "wp");
+  bf16* scratch = cuda::bf16p(dact, op, "dact");
+  bf16* dhp = cuda::bf16p(dh13, op, "dh13");
+  float* dw = cuda::f32(dwp, op, "dwp");
+  const int32_t* off = cuda::i32(offsets, op, "offsets");
+  if (cuda::aligned16(scratch) &&
+      sm90::try_grouped_dgrad_swiglu(gp, w2, off, g.E, R, g.out, f, hp, w, dhp, dw, reinterpret_cast<float*>(scratch),
+                                     R * f / 2, ctx()))
+    return;
+  grouped_gemm_dgrad(dy, W2, offsets, dact);
+  swiglu_backward(dact, h13, wp, dh13, dwp);
+}
+
 void CudaOps::grouped_gemm_dgrad(const Tensor& dy, const Tensor& W, const Tensor& offsets, const Tensor& dx) {
   const char* op = "grouped_gemm_dgrad";
   const int64_t R = dy.ndim ? dy.shape[0] : 0;

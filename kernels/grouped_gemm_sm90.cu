@@ -7,6 +7,14 @@
 //            optionally over several row sets (dy_s, x_s, offsets_s), e.g. micro-batches: each output tile
 //            contracts expert e's rows of every set before its one read-add-write of dW[e] (or its one store:
 //            dW = the sum, when the call overwrites; experts without rows then store zeros)
+//   forward + SwiGLU (W = W13 [E, 2f, K]): each tile's B holds BN/2 gate rows [n0, n0 + BN/2) and the matching
+//            BN/2 up rows [f + n0, ...), so every consumer thread holds the gate and the up value of the same
+//            column (accumulator j and j + BN/16); the epilogue stores h13 = [gate | up] and
+//            act = silu(gate) * up * wp[r] (of the bf16-rounded h13, as swiglu_forward computes it)
+//   dgrad + SwiGLU backward (W = W2 [E, K, f]): the dgrad's dact tile never leaves the registers; the epilogue
+//            reads h13 and wp, stores dh13 = [dgate | dup] (swiglu_backward's arithmetic on the bf16-rounded
+//            dact) and one partial sum of dwp[r] per (row, n-tile), which a second small kernel adds up in
+//            n-tile order (deterministic)
 // (contract and offsets semantics: ops.hpp; the wmma kernels in grouped_gemm.cu are the fallback and reference.)
 //
 // CTA: 3 warpgroups. Warpgroup 0 is the producer: one thread issues the TMA loads of each k-block (BK = 64)
@@ -63,7 +71,11 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-enum class Mode : int { kFwd = 0, kDgrad = 1, kWgrad = 2 };
+enum class Mode : int { kFwd = 0, kDgrad = 1, kWgrad = 2, kFwdSwiglu = 3, kDgradSwiglu = 4 };
+
+// Output columns of one work item: the forward + SwiGLU tile makes BN/2 act columns from BN accumulators.
+template <Mode kMode, int BN>
+constexpr int kItemCols = kMode == Mode::kFwdSwiglu ? BN / 2 : BN;
 
 constexpr int BM = 128;                  // block tile rows: 2 consumer warpgroups x 64
 constexpr int BK = 64;                   // k-block: one 128-byte swizzle row of bf16
@@ -123,12 +135,16 @@ struct Params {
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing
   int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC); wgrad: the
                       // tile leaves through TMA reduce-adds / stores, else red.global / st.global from registers
-  void* out;        // y / dx (bf16, [R, N]) or dW (f32, [E, M, N])
+  void* out;        // y / dx (bf16, [R, N]) or dW (f32, [E, M, N]); forward + SwiGLU: h13 (bf16, [R, 2N])
+  void* act;        // forward + SwiGLU: act (bf16, [R, N], N = f)
+  const float* wp;  // forward + SwiGLU, dgrad + SwiGLU: the routing weight of each row [R]
+  const bf16* h13;  // dgrad + SwiGLU: the forward's h13 [R, 2N] (out is then dh13 [R, 2N])
+  float* part;      // dgrad + SwiGLU: dwp's partial sums [R, ceil(N / BN)]
 };
 
 // Wgrad: the operand maps of row sets 1.. (set 0's are tmA / tmB).
 struct SetMaps {
-  CUtensorMap a[kMaxSets - 1], b[kMaxSets - 1];
+  CUtensorMap a[kMaxSets - 1], b[kMaxSets - 1];  // forward + SwiGLU (TMA stores): a[0] h13's up half, a[1] act
 };
 
 // Wgrad: expert e's rows [lo, hi) of row set s.
@@ -213,7 +229,7 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
     const int mte = sc.mtiles[e];
     it.row0 = sc.lo[e] + (local % mte) * BM;
     it.row_hi = sc.hi[e];
-    it.n0 = ((local / mte) * kCl + rank) * BN;
+    it.n0 = ((local / mte) * kCl + rank) * kItemCols<kMode, BN>;
     it.m0 = 0;
     it.nk = (p.K + BK - 1) / BK;
   }
@@ -252,7 +268,14 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
       if constexpr (kMode == Mode::kFwd) {
         if constexpr (kCl == 1) tma_load_2d(a, mA, bar, k0, it.row0);  // x rows [row0, row0 + 128), k [k0, +64)
         tma_load_3d(b, mB, bar, k0, it.n0, it.e);    // W[e] rows [n0, n0 + BN), k [k0, k0 + 64)
-      } else if constexpr (kMode == Mode::kDgrad) {
+      } else if constexpr (kMode == Mode::kFwdSwiglu) {
+        // Gate rows [n0, n0 + BN/2) then up rows [f + n0, ...) (f = p.N): the two halves of one BN-row tile,
+        // laid out as a single BN-row box would be (the swizzle repeats every 8 rows). Gate rows past f are up
+        // rows and up rows past 2f are zero-filled; their columns are never stored.
+        tma_load_2d(a, mA, bar, k0, it.row0);
+        tma_load_3d(b, mB, bar, k0, it.n0, it.e);
+        tma_load_3d(b + (BN / 2) * BK * 2, mB, bar, k0, p.N + it.n0, it.e);
+      } else if constexpr (kMode == Mode::kDgrad || kMode == Mode::kDgradSwiglu) {
         if constexpr (kCl == 1) tma_load_2d(a, mA, bar, k0, it.row0);  // dy rows [row0, row0 + 128), k [k0, +64)
 #pragma unroll
         for (int c = 0; c < BN / 64; ++c)            // W[e] k-rows [k0, k0 + 64), columns n0 + 64c ...
@@ -328,13 +351,43 @@ __device__ __forceinline__ uint32_t epi_offset(int row, int col) {
   return static_cast<uint32_t>(row * 64 + ((((col >> 2) ^ (row >> 1)) & 3) << 4) + (col & 3) * 4);
 }
 
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// act from the accumulators of a gate and an up element: both rounded to h13's bf16 first, then exactly
+// swiglu_forward's arithmetic (silu(g) * u * wp), so the fused and the separate forward agree bit for bit.
+__device__ __forceinline__ float swiglu_act(float g_acc, float u_acc, float w) {
+  const float g = round_bf16(g_acc), u = round_bf16(u_acc);
+  return g * (1.f / (1.f + expf(-g))) * u * w;
+}
+
+// SwiGLU backward of two adjacent columns of one row from their dgrad accumulators (rounded to bf16 first, as the
+// separate dgrad stores dact), swiglu_backward's arithmetic: dgate = d*wp*u*silu'(g), dup = d*wp*silu(g), and
+// d*silu(g)*u added to the row's partial dwp sum.
+__device__ __forceinline__ void swiglu_bwd_pair(float acc0, float acc1, const bf16* gate, int64_t f, float w,
+                                                bf16* dgate, float& sum) {
+  const __nv_bfloat162 g2 = *reinterpret_cast<const __nv_bfloat162*>(gate);
+  const __nv_bfloat162 u2 = *reinterpret_cast<const __nv_bfloat162*>(gate + f);
+  const float d[2] = {round_bf16(acc0), round_bf16(acc1)};
+  const float g[2] = {__low2float(g2), __high2float(g2)}, u[2] = {__low2float(u2), __high2float(u2)};
+  float dg[2], du[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const float sg = 1.f / (1.f + expf(-g[k])), silu = g[k] * sg;
+    sum += d[k] * silu * u[k];
+    dg[k] = d[k] * w * u[k] * sg * (1.f + g[k] * (1.f - sg));
+    du[k] = d[k] * w * silu;
+  }
+  st_bf16x2(dgate, dg[0], dg[1]);
+  st_bf16x2(dgate + f, du[0], du[1]);
+}
+
 template <Mode kMode, int BN, int kCl>
-__device__ __forceinline__ void consume(const CUtensorMap* mC, const Sched& sc, const Params& p, uint8_t* smem_ptr,
+__device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm, const Sched& sc, const Params& p, uint8_t* smem_ptr,
                                         uint32_t smem, uint64_t* full, uint64_t* empty, int rank, int unit0,
                                         int units_stride) {
   using C = Cfg<BN>;
   constexpr int kTA = kMode == Mode::kWgrad ? 1 : 0;
-  constexpr int kTB = kMode == Mode::kFwd ? 0 : 1;
+  constexpr int kTB = kMode == Mode::kFwd || kMode == Mode::kFwdSwiglu ? 0 : 1;
   const int ct = threadIdx.x - 128;           // 0..255 over both consumer warpgroups
   const int cw = ct / 128;                    // which 64-row half of the block tile
   const int warp = (ct % 128) / 32, lane = ct % 32;
@@ -439,6 +492,103 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const Sched& sc, 
           bulk_commit_group();
         }
       }
+    } else if constexpr (kMode == Mode::kFwdSwiglu) {
+      constexpr int kUp = BN / 4;  // accumulator offset of a gate element's up partner (BN/2 columns on)
+      const int64_t f = p.N;
+      if (p.tma_store && it.row0 + 64 * cw + 64 <= it.row_hi) {
+        // Per 32 act columns, three 64 x 32 bf16 boxes through the ring: h13's gate part, its up part, act.
+        int r0 = warp * 16 + lane / 4;
+        uint32_t boxes = smem + C::kOffEpi + cw * kEpiBufs * kEpiBox;
+        asm volatile("" : "+r"(r0), "+r"(boxes));
+        const int wt = ct % 128;
+        const uint32_t bar_id = 2 + cw;
+        const int32_t row = it.row0 + 64 * cw;
+        const float wa = p.wp[row + r0], wb = p.wp[row + r0 + 8];
+#pragma unroll
+        for (int c = 0; c < BN / 64; ++c) {
+#pragma unroll
+          for (int part = 0; part < 3; ++part) {
+            const int b = epi_box;
+            epi_box = epi_box + 1 == kEpiBufs ? 0 : epi_box + 1;
+            if (wt == 0) bulk_wait_group_read<kEpiBufs - 1>();
+            named_barrier_sync(bar_id, 128);
+            const uint32_t box = boxes + b * kEpiBox;
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+              const int q = 4 * (4 * c + jj), col = 4 * jj + lane % 4;
+              uint32_t va, vb;
+              if (part == 0) {
+                va = pack_bf16x2(acc[q], acc[q + 1]);
+                vb = pack_bf16x2(acc[q + 2], acc[q + 3]);
+              } else if (part == 1) {
+                va = pack_bf16x2(acc[q + kUp], acc[q + kUp + 1]);
+                vb = pack_bf16x2(acc[q + kUp + 2], acc[q + kUp + 3]);
+              } else {
+                va = pack_bf16x2(swiglu_act(acc[q], acc[q + kUp], wa), swiglu_act(acc[q + 1], acc[q + kUp + 1], wa));
+                vb = pack_bf16x2(swiglu_act(acc[q + 2], acc[q + kUp + 2], wb),
+                                 swiglu_act(acc[q + 3], acc[q + kUp + 3], wb));
+              }
+              st_shared_b32(box + epi_offset(r0, col), va);
+              st_shared_b32(box + epi_offset(r0 + 8, col), vb);
+            }
+            fence_proxy_async_smem();
+            named_barrier_sync(bar_id, 128);
+            if (wt == 0) {
+              const CUtensorMap* m = part == 0 ? mC : &sm->a[part - 1];
+              tma_store_2d(m, boxes + b * kEpiBox, it.n0 + 32 * c, row);
+              bulk_commit_group();
+            }
+          }
+        }
+      } else {
+        bf16* h13 = static_cast<bf16*>(p.out);
+        bf16* act = static_cast<bf16*>(p.act);
+        const int64_t ra = static_cast<int64_t>(it.row0) + r_local, rb = ra + 8;
+        const bool va = ra < it.row_hi, vb = rb < it.row_hi;  // only this expert's rows
+        const float wa = va ? p.wp[ra] : 0.f, wb = vb ? p.wp[rb] : 0.f;
+#pragma unroll
+        for (int j = 0; j < BN / 16; ++j) {
+          const int64_t n = it.n0 + 8 * j + col_l;
+          const int q = 4 * j;
+          if (n >= f) continue;
+          if (va) {
+            st_bf16x2(h13 + ra * 2 * f + n, acc[q], acc[q + 1]);
+            st_bf16x2(h13 + ra * 2 * f + f + n, acc[q + kUp], acc[q + kUp + 1]);
+            st_bf16x2(act + ra * f + n, swiglu_act(acc[q], acc[q + kUp], wa), swiglu_act(acc[q + 1], acc[q + kUp + 1], wa));
+          }
+          if (vb) {
+            st_bf16x2(h13 + rb * 2 * f + n, acc[q + 2], acc[q + 3]);
+            st_bf16x2(h13 + rb * 2 * f + f + n, acc[q + kUp + 2], acc[q + kUp + 3]);
+            st_bf16x2(act + rb * f + n, swiglu_act(acc[q + 2], acc[q + kUp + 2], wb),
+                      swiglu_act(acc[q + 3], acc[q + kUp + 3], wb));
+          }
+        }
+      }
+    } else if constexpr (kMode == Mode::kDgradSwiglu) {
+      const int64_t f = p.N;
+      bf16* dh13 = static_cast<bf16*>(p.out);
+      const int64_t ra = static_cast<int64_t>(it.row0) + r_local, rb = ra + 8;
+      const bool va = ra < it.row_hi, vb = rb < it.row_hi;  // only this expert's rows
+      const float wa = va ? p.wp[ra] : 0.f, wb = vb ? p.wp[rb] : 0.f;
+      float sa = 0.f, sb = 0.f;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int64_t n = it.n0 + 8 * j + col_l;
+        if (n >= f) continue;
+        if (va) swiglu_bwd_pair(acc[4 * j], acc[4 * j + 1], p.h13 + ra * 2 * f + n, f, wa, dh13 + ra * 2 * f + n, sa);
+        if (vb)
+          swiglu_bwd_pair(acc[4 * j + 2], acc[4 * j + 3], p.h13 + rb * 2 * f + n, f, wb, dh13 + rb * 2 * f + n, sb);
+      }
+      // The 4 lanes of a quad hold the same two rows: their sums, then one partial per row and n-tile.
+      sa += __shfl_xor_sync(0xffffffffu, sa, 1);
+      sa += __shfl_xor_sync(0xffffffffu, sa, 2);
+      sb += __shfl_xor_sync(0xffffffffu, sb, 1);
+      sb += __shfl_xor_sync(0xffffffffu, sb, 2);
+      const int64_t tiles = (f + BN - 1) / BN, t = it.n0 / BN;
+      if (lane % 4 == 0) {
+        if (va) p.part[ra * tiles + t] = sa;
+        if (vb) p.part[rb * tiles + t] = sb;
+      }
     } else if (p.tma_store && it.row0 + 64 * cw + 64 <= it.row_hi) {
       // The warpgroup's 64 rows all belong to the expert: 64 x 32 bf16 boxes through the same ring, stored by
       // the TMA (columns past N clipped), so the consumers start the next item while the stores drain.
@@ -486,12 +636,12 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const Sched& sc, 
   }
 }
 
-// Zeroes rows [used, R) of out [R, N] (bf16, N a multiple of 8, 16-byte aligned) with 16-byte stores, spread
-// over the producer warpgroup's idle warps of every CTA.
-__device__ __forceinline__ void zero_padding(const Params& p, int32_t used, int t, int nthreads) {
-  const int64_t vec_per_row = p.N / 8;
-  zero_words16(reinterpret_cast<uint4*>(static_cast<bf16*>(p.out) + static_cast<int64_t>(used) * p.N),
-               static_cast<int64_t>(p.R - used) * vec_per_row, t, nthreads);
+// Zeroes rows [used, R) of out [R, cols] (bf16, cols a multiple of 8, 16-byte aligned) with 16-byte stores,
+// spread over the producer warpgroup's idle warps of every CTA.
+__device__ __forceinline__ void zero_padding(const Params& p, void* out, int64_t cols, int32_t used, int t,
+                                             int nthreads) {
+  zero_words16(reinterpret_cast<uint4*>(static_cast<bf16*>(out) + static_cast<int64_t>(used) * cols),
+               static_cast<int64_t>(p.R - used) * (cols / 8), t, nthreads);
 }
 
 template <Mode kMode, int BN, int kCl>
@@ -558,12 +708,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp == 0) {
       if (lane == 0)
         produce<kMode, BN, kCl>(&tmA, &tmB, &sets, sc, p, smem, full, empty, rank, unit0, units_stride);
+    } else if constexpr (kMode == Mode::kFwdSwiglu) {
+      const int32_t used = clamp_to(p.offsets[p.E], p.R);
+      zero_padding(p, p.out, 2 * static_cast<int64_t>(p.N), used, tid - 32, 96);
+      zero_padding(p, p.act, p.N, used, tid - 32, 96);
+    } else if constexpr (kMode == Mode::kDgradSwiglu) {
+      zero_padding(p, p.out, 2 * static_cast<int64_t>(p.N), clamp_to(p.offsets[p.E], p.R), tid - 32, 96);
     } else if constexpr (kMode != Mode::kWgrad) {
-      zero_padding(p, clamp_to(p.offsets[p.E], p.R), tid - 32, 96);
+      zero_padding(p, p.out, p.N, clamp_to(p.offsets[p.E], p.R), tid - 32, 96);
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();
-    consume<kMode, BN, kCl>(&tmC, sc, p, smem_ptr, smem, full, empty, rank, unit0, units_stride);
+    consume<kMode, BN, kCl>(&tmC, &sets, sc, p, smem_ptr, smem, full, empty, rank, unit0, units_stride);
     // The epilogue boxes stay allocated until the TMA has read them (as CUTLASS's TMA store epilogue).
     if (tid % 128 == 0) bulk_wait_group_read<0>();
   }
@@ -574,6 +730,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// dwp[r] = the sum of row r's partials in n-tile order (rows past offsets[E]: 0).
+__global__ void dwp_from_partials(const float* __restrict__ part, int64_t tiles, const int32_t* offsets, int32_t E,
+                                  int32_t R, float* __restrict__ dwp) {
+  const int32_t used = clamp_to(offsets[E], R);
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < R;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float s = 0.f;
+    if (r < used)
+      for (int64_t t = 0; t < tiles; ++t) s += part[r * tiles + t];
+    dwp[r] = s;
+  }
+}
+
 // ---- host side -------------------------------------------------------------------------------------------
 
 std::atomic<int> g_impl_override{static_cast<int>(GroupedImpl::Auto)};
@@ -581,6 +750,7 @@ std::atomic<int> g_tile_n{0};
 std::atomic<int> g_cluster{0};
 std::atomic<int> g_store{0};  // 0: env, 1: TMA stores, 2: direct stores
 std::atomic<int> g_wgrad_tma{0};  // 0: env, 1: TMA reduce-adds, 2: red.global
+std::atomic<int> g_swiglu{0};     // 0: env, 1: SwiGLU fused into the expert GEMMs, 2: separate kernels
 thread_local const char* g_last_impl = "none";
 
 // The index in `choices` of environment variable `var`'s value, read once per call site (unset or empty: 0); an
@@ -632,6 +802,15 @@ bool wgrad_tma_epilogue() {
   const int o = g_wgrad_tma.load();
   if (o != 0) return o == 1;
   static const bool v = env_choice("MXTRAIN_GG_WGRAD_EPI", {"tma", "red"}) == 0;
+  return v;
+}
+
+// SwiGLU in the expert GEMMs' epilogues (env MXTRAIN_GG_SWIGLU=fused) or the separate kernels (default: faster on
+// H200, docs/perf.md, session 21).
+bool swiglu_fused() {
+  const int o = g_swiglu.load();
+  if (o != 0) return o == 1;
+  static const bool v = env_choice("MXTRAIN_GG_SWIGLU", {"separate", "fused"}) == 1;
   return v;
 }
 
@@ -725,6 +904,11 @@ void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CU
 template <Mode kMode>
 void launch_cfg(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& c, const Params& p,
                 int64_t max_units, CudaContext& ctx, int bn, int cl, const SetMaps& sets = SetMaps{}) {
+  if constexpr (kMode == Mode::kFwdSwiglu || kMode == Mode::kDgradSwiglu) {  // no cluster variants
+    if (bn == 128) launch<kMode, 128, 1>(op, a, b, c, sets, p, max_units, ctx);
+    else launch<kMode, 256, 1>(op, a, b, c, sets, p, max_units, ctx);
+    return;
+  }
   if (bn == 128 && cl == 1) launch<kMode, 128, 1>(op, a, b, c, sets, p, max_units, ctx);
   else if (bn == 128) launch<kMode, 128, 2>(op, a, b, c, sets, p, max_units, ctx);
   else if (cl == 1) launch<kMode, 256, 1>(op, a, b, c, sets, p, max_units, ctx);
@@ -779,6 +963,106 @@ bool try_rows(const char* op, const bf16* in, const bf16* W, const int32_t* off,
   return true;
 }
 
+// Forward + SwiGLU: x [R, K] and W13 [E, 2f, K] -> h13 [R, 2f], act [R, f].
+bool try_fwd_swiglu(const bf16* x, const bf16* W, const int32_t* off, int64_t E, int64_t R, int64_t f, int64_t K,
+                    const float* wp, bf16* h13, bf16* act, CudaContext& ctx) {
+  const char* op = "grouped_gemm_swiglu";
+  if (!swiglu_fused() || !wants_sm90() || !shapes_ok(E, R, 2 * f, K) || f % 8 || !device_ok(ctx.device)) return false;
+  if (!aligned(x, 16) || !aligned(W, 16) || !aligned(h13, 16) || !aligned(act, 16)) return false;
+  const int bn = tile_n();
+  const int64_t n_units = (f + bn / 2 - 1) / (bn / 2);
+  const int64_t max_units = ((R + BM - 1) / BM + E) * n_units;
+  if (max_units > INT32_MAX) return false;
+
+  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(R)};
+  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(K) * 2};
+  const cuuint32_t a_box[2] = {BK, BM};
+  CUtensorMap ma, mb;
+  if (!make_map(ma, op, "x", x, 2, a_dims, a_strides, a_box)) return false;
+  // W13 [E, 2f, K]: boxes of BN/2 rows x 64 k, two per stage (gate rows, up rows).
+  const cuuint64_t w_dims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(2 * f),
+                                static_cast<cuuint64_t>(E)};
+  const cuuint64_t w_strides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(K * 2 * f) * 2};
+  const cuuint32_t w_box[3] = {static_cast<cuuint32_t>(BK), static_cast<cuuint32_t>(bn / 2), 1};
+  if (!make_map(mb, op, "W13", W, 3, w_dims, w_strides, w_box)) return false;
+
+  Params p{};
+  p.offsets = off;
+  p.E = static_cast<int32_t>(E);
+  p.R = static_cast<int32_t>(R);
+  p.N = static_cast<int32_t>(f);
+  p.K = static_cast<int32_t>(K);
+  p.n_units = static_cast<int32_t>(n_units);
+  p.out = h13;
+  p.act = act;
+  p.wp = wp;
+  p.fault = fault_injection();
+  // Stores through 32-column x 64-row boxes: h13's gate and up halves as two [R, f] views of its rows (so
+  // neither box spills into the other half), and act.
+  const cuuint64_t c_dims[2] = {static_cast<cuuint64_t>(f), static_cast<cuuint64_t>(R)};
+  const cuuint64_t h_strides[1] = {static_cast<cuuint64_t>(2 * f) * 2};
+  const cuuint64_t act_strides[1] = {static_cast<cuuint64_t>(f) * 2};
+  const cuuint32_t c_box[2] = {32, 64};
+  CUtensorMap mc = ma;
+  SetMaps sets{};
+  p.tma_store = store_epilogue() &&
+                make_map(mc, op, "h13 (gate)", h13, 2, c_dims, h_strides, c_box, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                         CU_TENSOR_MAP_SWIZZLE_64B) &&
+                make_map(sets.a[0], op, "h13 (up)", h13 + f, 2, c_dims, h_strides, c_box,
+                         CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_SWIZZLE_64B) &&
+                make_map(sets.a[1], op, "act", act, 2, c_dims, act_strides, c_box, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                         CU_TENSOR_MAP_SWIZZLE_64B);
+  launch_cfg<Mode::kFwdSwiglu>(op, ma, mb, mc, p, max_units, ctx, bn, 1, sets);
+  note_grouped_impl("sm90");
+  return true;
+}
+
+// Dgrad + SwiGLU backward: dy [R, K] and W2 [E, K, f] -> dh13 [R, 2f], dwp [R]; part: room for R x
+// ceil(f / BN) floats.
+bool try_dgrad_swiglu(const bf16* dy, const bf16* W, const int32_t* off, int64_t E, int64_t R, int64_t K, int64_t f,
+                      const bf16* h13, const float* wp, bf16* dh13, float* dwp, float* part, int64_t part_floats,
+                      CudaContext& ctx) {
+  const char* op = "grouped_gemm_dgrad_swiglu";
+  if (!swiglu_fused() || !wants_sm90() || !shapes_ok(E, R, K, 2 * f) || f % 8 || !device_ok(ctx.device)) return false;
+  if (!aligned(dy, 16) || !aligned(W, 16) || !aligned(h13, 16) || !aligned(dh13, 16)) return false;
+  const int bn = tile_n();
+  const int64_t tiles = (f + bn - 1) / bn;
+  const int64_t max_units = ((R + BM - 1) / BM + E) * tiles;
+  if (max_units > INT32_MAX || R * tiles > part_floats) return false;
+
+  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(R)};
+  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(K) * 2};
+  const cuuint32_t a_box[2] = {BK, BM};
+  CUtensorMap ma, mb;
+  if (!make_map(ma, op, "dy", dy, 2, a_dims, a_strides, a_box)) return false;
+  // W2 [E, K, f]: 64 k-rows x 64 columns per box, as the dgrad.
+  const cuuint64_t w_dims[3] = {static_cast<cuuint64_t>(f), static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(E)};
+  const cuuint64_t w_strides[2] = {static_cast<cuuint64_t>(f) * 2, static_cast<cuuint64_t>(f * K) * 2};
+  const cuuint32_t w_box[3] = {static_cast<cuuint32_t>(BK), static_cast<cuuint32_t>(BK), 1};
+  if (!make_map(mb, op, "W2", W, 3, w_dims, w_strides, w_box)) return false;
+
+  Params p{};
+  p.offsets = off;
+  p.E = static_cast<int32_t>(E);
+  p.R = static_cast<int32_t>(R);
+  p.N = static_cast<int32_t>(f);
+  p.K = static_cast<int32_t>(K);
+  p.n_units = static_cast<int32_t>(tiles);
+  p.out = dh13;
+  p.wp = wp;
+  p.h13 = h13;
+  p.part = part;
+  p.fault = fault_injection();
+  launch_cfg<Mode::kDgradSwiglu>(op, ma, mb, ma, p, max_units, ctx, bn, 1);
+  const int threads = 256;
+  const int blocks = static_cast<int>(std::min<int64_t>((R + threads - 1) / threads, 4096));
+  dwp_from_partials<<<blocks, threads, 0, ctx.stream>>>(part, tiles, off, static_cast<int32_t>(E),
+                                                        static_cast<int32_t>(R), dwp);
+  cuda::check_launch(op);
+  note_grouped_impl("sm90");
+  return true;
+}
+
 }  // namespace
 
 void set_grouped_impl(GroupedImpl impl) { g_impl_override.store(static_cast<int>(impl)); }
@@ -794,12 +1078,24 @@ void set_grouped_cluster(int ctas) {
 }
 void set_grouped_tma_store(int on) { g_store.store(on < 0 ? 0 : on ? 1 : 2); }
 void set_grouped_wgrad_tma(int on) { g_wgrad_tma.store(on < 0 ? 0 : on ? 1 : 2); }
+void set_grouped_swiglu_fusion(int on) { g_swiglu.store(on < 0 ? 0 : on ? 1 : 2); }
 const char* last_grouped_impl() { return g_last_impl; }
 void note_grouped_impl(const char* impl) { g_last_impl = impl; }
 
 bool try_grouped_fwd(const bf16* x, const bf16* W, const int32_t* off, int64_t E, int64_t R, int64_t out,
                      int64_t in, bf16* y, CudaContext& ctx) {
   return try_rows<Mode::kFwd>("grouped_gemm", x, W, off, E, R, out, in, y, ctx);
+}
+
+bool try_grouped_fwd_swiglu(const bf16* x, const bf16* W13, const int32_t* off, int64_t E, int64_t R, int64_t f,
+                            int64_t in, const float* wp, bf16* h13, bf16* act, CudaContext& ctx) {
+  return try_fwd_swiglu(x, W13, off, E, R, f, in, wp, h13, act, ctx);
+}
+
+bool try_grouped_dgrad_swiglu(const bf16* dy, const bf16* W2, const int32_t* off, int64_t E, int64_t R, int64_t out,
+                              int64_t f, const bf16* h13, const float* wp, bf16* dh13, float* dwp, float* part,
+                              int64_t part_floats, CudaContext& ctx) {
+  return try_dgrad_swiglu(dy, W2, off, E, R, out, f, h13, wp, dh13, dwp, part, part_floats, ctx);
 }
 
 bool try_grouped_dgrad(const bf16* dy, const bf16* W, const int32_t* off, int64_t E, int64_t R, int64_t out,

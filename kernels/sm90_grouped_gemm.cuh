@@ -33,6 +33,9 @@ void set_grouped_tma_store(int on);
 // MXTRAIN_GG_WGRAD_EPI=tma), 0 = red.global / st.global straight from the registers (MXTRAIN_GG_WGRAD_EPI=red),
 // -1 restores the env var's choice.
 void set_grouped_wgrad_tma(int on);
+// SwiGLU fused into the expert GEMMs' epilogues (try_grouped_fwd_swiglu, try_grouped_dgrad_swiglu): 1 = on,
+// 0 = off (default; env MXTRAIN_GG_SWIGLU=separate|fused), -1 restores the env var's choice.
+void set_grouped_swiglu_fusion(int on);
 // What the last grouped GEMM call of this thread ran: "sm90" or "wmma" (tests assert the path they meant).
 const char* last_grouped_impl();
 void note_grouped_impl(const char* impl);
@@ -43,6 +46,19 @@ void note_grouped_impl(const char* impl);
 // meanings as in CudaOps::grouped_gemm* (ops.hpp); offsets stay on the device.
 bool try_grouped_fwd(const __nv_bfloat16* x, const __nv_bfloat16* W, const int32_t* offsets, int64_t E, int64_t R,
                      int64_t out, int64_t in, __nv_bfloat16* y, CudaContext& ctx);
+// The forward fused with SwiGLU x routing weight: h13 = x W13[e]^T (W13 [E, 2f, in]) and act[r, i] =
+// silu(h13[r, i]) * h13[r, f + i] * wp[r] (CudaOps::grouped_gemm_swiglu; f a multiple of 8; BN 256 or 128,
+// never clusters). Off by default (false: the caller runs the two ops), on with MXTRAIN_GG_SWIGLU=fused or
+// set_grouped_swiglu_fusion(1): on an H200 the un-overlapped epilogue costs more than the separate kernels.
+bool try_grouped_fwd_swiglu(const __nv_bfloat16* x, const __nv_bfloat16* W13, const int32_t* offsets, int64_t E,
+                            int64_t R, int64_t f, int64_t in, const float* wp, __nv_bfloat16* h13,
+                            __nv_bfloat16* act, CudaContext& ctx);
+// The dgrad through W2 [E, out, f] fused with the SwiGLU backward: dh13 [R, 2f] and dwp [R] from dy [R, out],
+// h13 and wp (CudaOps::grouped_gemm_dgrad_swiglu); part: scratch for R x ceil(f / BN) floats (false when
+// part_floats is less).
+bool try_grouped_dgrad_swiglu(const __nv_bfloat16* dy, const __nv_bfloat16* W2, const int32_t* offsets, int64_t E,
+                              int64_t R, int64_t out, int64_t f, const __nv_bfloat16* h13, const float* wp,
+                              __nv_bfloat16* dh13, float* dwp, float* part, int64_t part_floats, CudaContext& ctx);
 bool try_grouped_dgrad(const __nv_bfloat16* dy, const __nv_bfloat16* W, const int32_t* offsets, int64_t E,
                        int64_t R, int64_t out, int64_t in, __nv_bfloat16* dx, CudaContext& ctx);
 // One row set of the weight gradient (e.g. one micro-batch's): dy [R, out], x [R, in] and its expert offsets.

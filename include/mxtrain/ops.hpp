@@ -207,6 +207,21 @@ class Ops {
   // dh13 [R,2f] (overwrite), dwp [R] F32 (overwrite)
   virtual void swiglu_backward(const Tensor& da, const Tensor& h13, const Tensor& wp, const Tensor& dh13,
                                const Tensor& dwp) = 0;
+  // The experts' first half in one call: h13 = grouped_gemm(x, W13) then a = swiglu_forward(h13, wp), the same
+  // values (a device backend keeps h13 in registers for the SwiGLU instead of reading it back).
+  virtual void grouped_gemm_swiglu(const Tensor& x, const Tensor& W13, const Tensor& offsets, const Tensor& wp,
+                                   const Tensor& h13, const Tensor& a) {
+    grouped_gemm(x, W13, offsets, h13);
+    swiglu_forward(h13, wp, a);
+  }
+  // And their backward's middle: dact = grouped_gemm_dgrad(dy, W2) into the scratch dact [R, f], then
+  // swiglu_backward(dact, h13, wp, dh13, dwp): the same dh13 and dwp up to the order of dwp's sums (a device
+  // backend keeps dact in registers and may use dact's memory for partial sums, leaving it undefined).
+  virtual void grouped_gemm_dgrad_swiglu(const Tensor& dy, const Tensor& W2, const Tensor& offsets, const Tensor& h13,
+                                         const Tensor& wp, const Tensor& dact, const Tensor& dh13, const Tensor& dwp) {
+    grouped_gemm_dgrad(dy, W2, offsets, dact);
+    swiglu_backward(dact, h13, wp, dh13, dwp);
+  }
 
   // ---- LM head + cross-entropy (never needs the full logits of the batch at once) -----------------------
   // logits = h @ W^T; loss_t = logsumexp(logits_t) - logits_t[labels[t]] for labels[t] >= 0 (-100: ignored).

@@ -16,8 +16,8 @@ namespace mxt {
 // bf16 experts' first half: h13 = xe W13, act = SwiGLU(h13) x routing weight (the forward, and its recompute).
 void MixtralModel::experts_up(int l, int64_t n, const Tensor& off) {
   const LayerActs& a = acts_[l];
-  ops_.grouped_gemm(a.xe.rows(0, n), w_.layers[l].w13, off, a.h13.rows(0, n));
-  ops_.swiglu_forward(a.h13.rows(0, n), a.we.rows(0, n), a.act.rows(0, n));
+  ops_.grouped_gemm_swiglu(a.xe.rows(0, n), w_.layers[l].w13, off, a.we.rows(0, n), a.h13.rows(0, n),
+                           a.act.rows(0, n));
 }
 
 void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
@@ -109,16 +109,14 @@ void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const T
     if (a.act.data != h->act.data) ops_.copy(a.act.rows(0, n), h->act.rows(0, n));
     if (a.xe.data != h->xe.data) ops_.copy(a.xe.rows(0, n), h->xe.rows(0, n));
     ops_.copy(off, h->offsets);
-    ops_.grouped_gemm_dgrad(dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
-    ops_.swiglu_backward(s_.dact.rows(0, n), a.h13.rows(0, n), a.we.rows(0, n), h->dh13.rows(0, n),
-                         s_.dwe.rows(0, n));
+    ops_.grouped_gemm_dgrad_swiglu(dye.rows(0, n), w.w2, off, a.h13.rows(0, n), a.we.rows(0, n),
+                                   s_.dact.rows(0, n), h->dh13.rows(0, n), s_.dwe.rows(0, n));
     ops_.grouped_gemm_dgrad(h->dh13.rows(0, n), w.w13, off, s_.dxe.rows(0, n));
     combine();
   } else if (n > 0) {
-    ops_.grouped_gemm_dgrad(dye.rows(0, n), w.w2, off, s_.dact.rows(0, n));
+    ops_.grouped_gemm_dgrad_swiglu(dye.rows(0, n), w.w2, off, a.h13.rows(0, n), a.we.rows(0, n),
+                                   s_.dact.rows(0, n), s_.dh13.rows(0, n), s_.dwe.rows(0, n));
     wgrad(dye, a.act, &HeldWgrad::dye, &HeldWgrad::act, g.w2);
-    ops_.swiglu_backward(s_.dact.rows(0, n), a.h13.rows(0, n), a.we.rows(0, n), s_.dh13.rows(0, n),
-                         s_.dwe.rows(0, n));
     ops_.grouped_gemm_dgrad(s_.dh13.rows(0, n), w.w13, off, s_.dxe.rows(0, n));
     combine();
     wgrad(s_.dh13, a.xe, &HeldWgrad::dh13, &HeldWgrad::xe, g.w13);

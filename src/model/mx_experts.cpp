@@ -50,8 +50,13 @@ void grouped_wgrad(Ops& ops, const MxExpertRun& r, const mxfp8::MxView& dyc, con
 // which mx_experts_recompute repeats bit for bit.
 void up_projection(Ops& ops, const MxExpertRun& r, const MxExpertWeights& w, const mxfp8::MxView& xr,
                    const Tensor& wp, const Tensor& h13, const Tensor& act, mxfp8::MxView& ar, mxfp8::MxView& ac) {
-  grouped_rows(ops, r, xr, w.w13, true, h13.rows(0, r.n));
-  ops.swiglu_forward(h13.rows(0, r.n), wp, act.rows(0, r.n));
+  if (r.bf16) {  // the SwiGLU in the bf16 GEMM's epilogue
+    ops.grouped_gemm_swiglu(mx_dequantized(ops, xr, r.deq_a), w.w13.deq_row, r.offsets, wp, h13.rows(0, r.n),
+                            act.rows(0, r.n));
+  } else {
+    grouped_rows(ops, r, xr, w.w13, true, h13.rows(0, r.n));
+    ops.swiglu_forward(h13.rows(0, r.n), wp, act.rows(0, r.n));
+  }
   quantize_both(ops, act, r.n, r.f, r.fwd, r.row, r.act_col, ar, ac);
 }
 
@@ -88,9 +93,14 @@ void mx_experts_backward(Ops& ops, const MxExpertRun& r, const MxExpertWeights& 
   mxfp8::MxView gr, gc;
   // w2: dact = dy w2 (dgrad), dw2 += dy^T act (wgrad)
   quantize_both(ops, dy, n, r.d, r.grad, r.row, r.col, gr, gc);
-  grouped_rows(ops, r, gr, w.w2, false, dact.rows(0, n));
+  if (r.bf16) {  // the SwiGLU backward in the bf16 dgrad's epilogue
+    ops.grouped_gemm_dgrad_swiglu(mx_dequantized(ops, gr, r.deq_a), w.w2.deq_col, r.offsets, h13.rows(0, n), wp,
+                                  dact.rows(0, n), dh13.rows(0, n), dwp);
+  } else {
+    grouped_rows(ops, r, gr, w.w2, false, dact.rows(0, n));
+    ops.swiglu_backward(dact.rows(0, n), h13.rows(0, n), wp, dh13.rows(0, n), dwp);
+  }
   grouped_wgrad(ops, r, gc, ac, dw2);
-  ops.swiglu_backward(dact.rows(0, n), h13.rows(0, n), wp, dh13.rows(0, n), dwp);
   // w13: dx = dh13 w13, dw13 += dh13^T x
   quantize_both(ops, dh13, n, 2 * r.f, r.grad, r.row, r.col, gr, gc);
   grouped_rows(ops, r, gr, w.w13, false, dx.rows(0, n));

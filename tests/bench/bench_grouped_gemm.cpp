@@ -7,6 +7,8 @@
 //   sm90    the TMA + wgmma grouped kernels, block tile 128 x 256 and 128 x 128, clusters of 1 and 2 CTAs
 //           (c2: CTA pairs share the A tile through TMA multicast)
 //   wmma    the fallback grouped kernels (fewer runs: slow)
+//   + SwiGLU the forward x@W13^T with SwiGLU x routing weight in its epilogue, and the dgrad dy@W2 with the SwiGLU
+//           backward in its epilogue, each beside the unfused GEMM + swiglu kernel pair (same FLOPs counted)
 // Timing: CUDA events around each call on the op stream, after warm-up, median (and min) of --runs runs, each
 // preceded by a 256 MiB memset that evicts L2; operands are random (never zeros) and far larger than L2.
 // Before timing, each sm90 variant's output is checked against the per-expert cuBLASLt output on the device
@@ -221,6 +223,61 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       const Timing t = time_it(st, flush, flush_bytes, 3, runs, [&] { grouped(out1); });
       add_row(v.name, t, note);
     }
+    if (op.kind == 0 && op.W == &w13.t) {
+      // The forward with SwiGLU x routing weight in its epilogue (h13 and act from one kernel) beside the forward
+      // followed by the swiglu kernel, both sm90 128x256 with TMA stores; the check compares the two acts.
+      mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
+      mxt::sm90::set_grouped_tile_n(256);
+      mxt::sm90::set_grouped_cluster(1);
+      mxt::sm90::set_grouped_tma_store(1);
+      Buf wp(ops, DType::F32, {R}), a1(ops, DType::BF16, {R, f}), a2(ops, DType::BF16, {R, f});
+      std::vector<float> hw(static_cast<size_t>(R));
+      for (int64_t r = 0; r < R; ++r) hw[static_cast<size_t>(r)] = 0.25f + 0.5f * static_cast<float>(r % 7) / 7.f;
+      ops.upload(wp.t.data, hw.data(), hw.size() * 4);
+      mxt::sm90::set_grouped_swiglu_fusion(1);
+      auto fused = [&] { ops.grouped_gemm_swiglu(x.t, w13.t, OFF.t, wp.t, out1, a1.t); };
+      auto separate = [&] {
+        ops.grouped_gemm(x.t, w13.t, OFF.t, out2);
+        ops.swiglu_forward(out2, wp.t, a2.t);
+      };
+      fused();
+      const std::string path = mxt::sm90::last_grouped_impl();
+      separate();
+      const double err = rel_l2_device(ops, a1.t, a2.t, acc2.t);
+      char note[96];
+      std::snprintf(note, sizeof(note), "act rel L2 vs the separate pair %.2e%s", err,
+                    path == "sm90" ? "" : " (FELL BACK)");
+      add_row("sm90 + SwiGLU epilogue", time_it(st, flush, flush_bytes, 3, runs, fused), note);
+      add_row("sm90, then swiglu kernel", time_it(st, flush, flush_bytes, 3, runs, separate), "");
+    }
+    if (op.kind == 1 && op.W == &w2.t) {
+      // The dgrad through W2 with the SwiGLU backward in its epilogue (dh13, dwp) beside the dgrad followed by the
+      // swiglu_backward kernel (h13: the random dh13 operand, read only); the check compares the two dh13.
+      mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
+      mxt::sm90::set_grouped_tile_n(256);
+      mxt::sm90::set_grouped_cluster(1);
+      mxt::sm90::set_grouped_tma_store(1);
+      Buf wp(ops, DType::F32, {R}), dwp(ops, DType::F32, {R}), g1(ops, DType::BF16, {R, 2 * f}),
+          g2(ops, DType::BF16, {R, 2 * f});
+      std::vector<float> hw(static_cast<size_t>(R));
+      for (int64_t r = 0; r < R; ++r) hw[static_cast<size_t>(r)] = 0.25f + 0.5f * static_cast<float>(r % 7) / 7.f;
+      ops.upload(wp.t.data, hw.data(), hw.size() * 4);
+      mxt::sm90::set_grouped_swiglu_fusion(1);
+      auto fused = [&] { ops.grouped_gemm_dgrad_swiglu(dy.t, w2.t, OFF.t, dh13.t, wp.t, out1, g1.t, dwp.t); };
+      auto separate = [&] {
+        ops.grouped_gemm_dgrad(dy.t, w2.t, OFF.t, out2);
+        ops.swiglu_backward(out2, dh13.t, wp.t, g2.t, dwp.t);
+      };
+      fused();
+      const std::string path = mxt::sm90::last_grouped_impl();
+      separate();
+      const double err = rel_l2_device(ops, g1.t, g2.t, acc2.t);
+      char note[96];
+      std::snprintf(note, sizeof(note), "dh13 rel L2 vs the separate pair %.2e%s", err,
+                    path == "sm90" ? "" : " (FELL BACK)");
+      add_row("sm90 + SwiGLU bwd epilogue", time_it(st, flush, flush_bytes, 3, runs, fused), note);
+      add_row("sm90, then swiglu_backward", time_it(st, flush, flush_bytes, 3, runs, separate), "");
+    }
     if (op.kind == 2) {
       // expert_wgrad_micro_batches's launch: the same rows as G row sets (G micro-batches' worth, G times the
       // FLOPs) into one read-add-write of dW, beside the G single calls it replaces; and as the step's first group,
@@ -261,6 +318,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
     mxt::sm90::set_grouped_cluster(0);
     mxt::sm90::set_grouped_tma_store(-1);
     mxt::sm90::set_grouped_wgrad_tma(-1);
+    mxt::sm90::set_grouped_swiglu_fusion(-1);
     const double dense_tf = rows[first].tflops, loop_tf = rows[first + 1].tflops;
     for (size_t i = first; i < rows.size(); ++i) {
       rows[i].vs_dense = rows[i].tflops / dense_tf;
