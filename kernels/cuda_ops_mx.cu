@@ -10,6 +10,10 @@ void CudaOps::mx_quantize(const Tensor& x, const mxfp8::MxView* rowwise, const m
 }
 
 void CudaOps::mx_dequantize(const mxfp8::MxView& q, const Tensor& out) { mxfp8::dequantize_cuda(*this, q, out); }
+void CudaOps::mx_quantize_values(const Tensor& x, mxfp8::Format row_format, const Tensor& row_values,
+                                 const mxfp8::MxView* colwise) {
+  mxfp8::quantize_values_cuda(*this, x, row_format, row_values, colwise);
+}
 
 void CudaOps::mx_grouped_gemm(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,
                               const Tensor& C) {

@@ -17,6 +17,11 @@ namespace mxt::mxfp8 {
 // copies (CUDA views of x's shape; either may be null, not both; their formats may differ) in one pass that
 // reads x once. Bit-exact with mxfp8::quantize / quantize_bf16. Data pointers must be 16-byte aligned.
 void quantize_cuda(CudaOps& ops, const Tensor& x, const MxView* rowwise, const MxView* colwise);
+// The same with the rowwise copy (format row_format) delivered as its values: row_values (CUDA BF16, x's numel,
+// 16-byte aligned) = dequantize_cuda of that copy, bit for bit, without its codes ever reaching memory; colwise
+// may be null.
+void quantize_values_cuda(CudaOps& ops, const Tensor& x, Format row_format, const Tensor& row_values,
+                          const MxView* colwise);
 
 // out (CUDA BF16, q.data_bytes() elements) = q's values in the logical layout [batch, rows, cols] (a columnwise
 // copy is transposed back); bit-exact with mxfp8::dequantize rounded to bf16, which is exact down to 2^-133.

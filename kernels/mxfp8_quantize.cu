@@ -1,11 +1,13 @@
 // MXFP8 quantiser (CPU twin: src/mxfp8/quantize.cpp; rules: include/mxtrain/mxfp8.hpp).
 //
 // One block of 128 threads (4 warps) owns a 32-row x 128-column tile of one batch entry: it reads the tile
-// once into shared memory (16-byte loads where the row length allows), then warp w, lane i quantises
+// once into shared memory in x's own type (16-byte loads and stores where the row length allows), then warp w,
+// lane i quantises
 //   rowwise:    row i, columns [32w, 32w + 32) of the tile -> 32 contiguous output bytes + 1 scale
 //   columnwise: column 32w + i, rows [0, 32)              -> 32 contiguous output bytes (transposed copy) + 1 scale
-// so each lane writes one full 32-byte sector per block. The shared tile is padded to 129 columns, which keeps
-// both the row walk and the column walk free of bank conflicts.
+// so each lane writes one full 32-byte sector per block. The shared tile's rows are padded by 16 bytes, which
+// keeps the chunk stores, the row walk and the column walk free of bank conflicts (and a bf16 tile is half the
+// fp32 one of sessions before 21, which ran as fast: the pass is at about 1.35 TB/s either way, docs/perf.md).
 //
 // The scale rule is the shared integer code (scale_from_amax_bits); elements are x * 2^(127-e) (an exact fp32
 // product: __fmul_rn, no flush-to-zero) clamped to +-max and rounded by the hardware cvt.rn.satfinite. The
@@ -31,6 +33,7 @@ struct Out {
   uint8_t* data;  // null: this copy is not wanted
   uint8_t* scales;
   Format fmt;
+  cuda::bf16* values;  // rowwise only: the copy's values in x's layout instead of codes and scales (data null)
 };
 
 __device__ __forceinline__ float to_f32(float v) { return v; }
@@ -76,11 +79,77 @@ __device__ __forceinline__ void quantize_block(const float (&v)[kBlock], Format 
   o[1] = make_uint4(w[4], w[5], w[6], w[7]);
 }
 
+// Two FP8 codes (low 16 bits of c) -> their exact values: the hardware widening to fp16 (every E4M3 / E5M2 value
+// but NaN is an fp16 value), then to fp32; the same floats as decode().
+__device__ __forceinline__ float2 widen2(uint32_t c, Format f) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(c & 0xFFFFu), f == Format::E4M3 ? __NV_E4M3 : __NV_E5M2);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// One block's 32 values as the bf16 values of its codes (decode(q) * scale, as the dequantiser computes them) to
+// out (16-byte aligned): the codes never reach memory. A NaN block's values are the dequantiser's NaN.
+__device__ __forceinline__ void quantize_block_values(const float (&v)[kBlock], Format f, cuda::bf16* out) {
+  uint32_t amax = 0;
+#pragma unroll
+  for (int j = 0; j < kBlock; ++j) amax = max(amax, abs_bits(v[j]));
+  const uint8_t e = scale_from_amax_bits(amax, f);
+  const float s = scale_value(e);
+  uint4* o = reinterpret_cast<uint4*>(out);
+  if (e == 0xFF) {
+    const float nan = decode(kNaNCode, f) * s;
+    const uint32_t w = pack_bf16(nan, nan);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) o[q] = make_uint4(w, w, w, w);
+    return;
+  }
+  const float m = quant_multiplier(e);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {  // 8 values per 16-byte store
+    uint32_t w[4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = 8 * q + 4 * h;
+      const uint32_t c = cvt4(__fmul_rn(v[j], m), __fmul_rn(v[j + 1], m), __fmul_rn(v[j + 2], m),
+                              __fmul_rn(v[j + 3], m), f);
+      const float2 lo = widen2(c, f), hi = widen2(c >> 16, f);
+      w[2 * h] = pack_bf16(lo.x * s, lo.y * s);
+      w[2 * h + 1] = pack_bf16(hi.x * s, hi.y * s);
+    }
+    o[q] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// The shared tile in x's own element type, each row padded by 16 bytes: the loads' 16-byte chunk stores (a warp
+// writes 512 contiguous bytes), the rowwise walk (lane = row, 16-byte loads 16 bytes apart in bank terms) and the
+// column walk (lane = column) are all free of bank conflicts.
+template <typename T>
+struct Tile {
+  static constexpr int kV = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte chunk
+  alignas(16) T e[kTileR][kTileC + kV];
+};
+
+// 8 bf16 (one 16-byte chunk) -> 8 floats, exactly.
+__device__ __forceinline__ void widen8(const uint4& u, float* o) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    o[2 * k] = __uint_as_float(w[k] << 16);
+    o[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     quantize_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t row_tiles, bool vec_ok, Out rw,
                     Out cw) {
-  __shared__ float tile[kTileR][kTileC + 1];
+  constexpr int V = Tile<T>::kV;
+  __shared__ Tile<T> tile;
   const int64_t b = blockIdx.z;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileC;
   const T* xb = x + b * rows * cols;
@@ -88,43 +157,49 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
     const int64_t r0 = rt * kTileR;
     if (vec_ok) {  // cols % V == 0 and x 16-byte aligned: a chunk is all in or all out
-      constexpr int V = 16 / sizeof(T), CH = kTileC / V;
+      constexpr int CH = kTileC / V;
       for (int idx = threadIdx.x; idx < kTileR * CH; idx += kThreads) {
         const int i = idx / CH, ch = idx % CH;
         const int64_t r = r0 + i, c = c0 + ch * V;
-        union {
-          uint4 u;
-          T t[V];
-        } chunk;
-        if (r < rows && c < cols) {
-          chunk.u = __ldg(reinterpret_cast<const uint4*>(xb + r * cols + c));
-        } else {
-          chunk.u = make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int k = 0; k < V; ++k) tile[i][ch * V + k] = to_f32(chunk.t[k]);
+        const uint4 u = r < rows && c < cols ? __ldg(reinterpret_cast<const uint4*>(xb + r * cols + c))
+                                             : make_uint4(0, 0, 0, 0);  // zero bits: +0 in either type
+        *reinterpret_cast<uint4*>(&tile.e[i][ch * V]) = u;
       }
     } else {
       for (int idx = threadIdx.x; idx < kTileR * kTileC; idx += kThreads) {
         const int i = idx / kTileC, j = idx % kTileC;
         const int64_t r = r0 + i, c = c0 + j;
-        tile[i][j] = (r < rows && c < cols) ? to_f32(xb[r * cols + c]) : 0.f;
+        tile.e[i][j] = (r < rows && c < cols) ? xb[r * cols + c] : T(0.f);
       }
     }
     __syncthreads();
     float v[kBlock];
     const int64_t cb = c0 + 32 * warp;  // this warp's 32-column slice
-    if (rw.data && r0 + lane < rows && cb < cols) {  // rowwise: cols % 32 == 0, so the slice is whole
+    if ((rw.data || rw.values) && r0 + lane < rows && cb < cols) {  // rowwise: cols % 32 == 0: the slice is whole
       const int64_t r = r0 + lane;
+      if constexpr (V == 8) {
 #pragma unroll
-      for (int j = 0; j < kBlock; ++j) v[j] = tile[lane][32 * warp + j];
-      quantize_block(v, rw.fmt, rw.data + (b * rows + r) * cols + cb,
-                     rw.scales + (b * rows + r) * (cols / kBlock) + cb / kBlock);
+        for (int q = 0; q < kBlock / 8; ++q) widen8(*reinterpret_cast<const uint4*>(&tile.e[lane][32 * warp + 8 * q]), v + 8 * q);
+      } else {
+#pragma unroll
+        for (int q = 0; q < kBlock / 4; ++q) {
+          const float4 f4 = *reinterpret_cast<const float4*>(&tile.e[lane][32 * warp + 4 * q]);
+          v[4 * q] = f4.x;
+          v[4 * q + 1] = f4.y;
+          v[4 * q + 2] = f4.z;
+          v[4 * q + 3] = f4.w;
+        }
+      }
+      if (rw.values)
+        quantize_block_values(v, rw.fmt, rw.values + (b * rows + r) * cols + cb);
+      else
+        quantize_block(v, rw.fmt, rw.data + (b * rows + r) * cols + cb,
+                       rw.scales + (b * rows + r) * (cols / kBlock) + cb / kBlock);
     }
     if (cw.data && cb + lane < cols) {  // columnwise: rows % 32 == 0, so the 32 rows are whole
       const int64_t c = cb + lane;
 #pragma unroll
-      for (int j = 0; j < kBlock; ++j) v[j] = tile[j][32 * warp + lane];
+      for (int j = 0; j < kBlock; ++j) v[j] = to_f32(tile.e[j][32 * warp + lane]);
       quantize_block(v, cw.fmt, cw.data + (b * cols + c) * rows + r0,
                      cw.scales + (b * cols + c) * (rows / kBlock) + r0 / kBlock);
     }
@@ -164,9 +239,11 @@ __global__ void cvt_probe_kernel(Format f, unsigned long long* count, uint32_t* 
 
 }  // namespace
 
-void quantize_cuda(CudaOps& ops, const Tensor& x, const MxView* rowwise, const MxView* colwise) {
-  const char* op = "mxfp8::quantize_cuda";
-  if (!rowwise && !colwise) throw std::invalid_argument(std::string(op) + ": no output requested");
+namespace {
+
+// x's checks and the launch: the rowwise copy as codes (rowwise), as values (row_values, format row_fmt), or not.
+void launch_quantize(CudaOps& ops, const char* op, const Tensor& x, const MxView* rowwise, cuda::bf16* row_values,
+                     Format row_fmt, const MxView* colwise) {
   if (x.ndim != 2 && x.ndim != 3)
     throw std::invalid_argument(std::string(op) + ": x must be [rows, cols] or [batch, rows, cols], got " +
                                 x.shape_str());
@@ -180,13 +257,14 @@ void quantize_cuda(CudaOps& ops, const Tensor& x, const MxView* rowwise, const M
   if (!x.data) throw std::invalid_argument(std::string(op) + ": x has no data");
   if (batch > 65535) throw std::invalid_argument(std::string(op) + ": batch above 65535");
   const int64_t row_tiles = (rows + kTileR - 1) / kTileR, col_tiles = (cols + kTileC - 1) / kTileC;
+  // (Row tiles fastest in the grid measured no faster for codes and slower for values: session 21.)
   if (col_tiles > 0x7FFFFFFF) throw std::invalid_argument(std::string(op) + ": too many columns");
   const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(row_tiles < 65535 ? row_tiles : 65535),
                   static_cast<unsigned>(batch));
   const Out rw{rowwise ? rowwise->data : nullptr, rowwise ? rowwise->scales : nullptr,
-               rowwise ? rowwise->format : Format::E4M3};
+               rowwise ? rowwise->format : row_fmt, row_values};
   const Out cw{colwise ? colwise->data : nullptr, colwise ? colwise->scales : nullptr,
-               colwise ? colwise->format : Format::E4M3};
+               colwise ? colwise->format : Format::E4M3, nullptr};
   const bool aligned = reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
   cudaStream_t st = ops.ctx().stream;
   if (x.dtype == DType::BF16) {
@@ -197,6 +275,30 @@ void quantize_cuda(CudaOps& ops, const Tensor& x, const MxView* rowwise, const M
                                                       aligned && cols % 4 == 0, rw, cw);
   }
   cuda::check_launch(op);
+}
+
+}  // namespace
+
+void quantize_cuda(CudaOps& ops, const Tensor& x, const MxView* rowwise, const MxView* colwise) {
+  const char* op = "mxfp8::quantize_cuda";
+  if (!rowwise && !colwise) throw std::invalid_argument(std::string(op) + ": no output requested");
+  launch_quantize(ops, op, x, rowwise, nullptr, Format::E4M3, colwise);
+}
+
+void quantize_values_cuda(CudaOps& ops, const Tensor& x, Format row_format, const Tensor& row_values,
+                          const MxView* colwise) {
+  const char* op = "mxfp8::quantize_values_cuda";
+  if (row_values.dtype != DType::BF16 || row_values.device != Device::CUDA)
+    throw std::invalid_argument(std::string(op) + ": row_values must be a CUDA BF16 tensor, got " +
+                                dtype_name(row_values.dtype));
+  if (row_values.numel() != x.numel())
+    throw std::invalid_argument(std::string(op) + ": row_values must hold x's " + std::to_string(x.numel()) +
+                                " values, got " + row_values.shape_str());
+  if (reinterpret_cast<uintptr_t>(row_values.data) % 16 != 0)
+    throw std::invalid_argument(std::string(op) + ": row_values must be 16-byte aligned");
+  if (x.ndim == 2 || x.ndim == 3)
+    check_shape(x.ndim == 3 ? x.shape[0] : 1, x.dim(-2), x.dim(-1), Direction::Rowwise, op);
+  launch_quantize(ops, op, x, nullptr, static_cast<cuda::bf16*>(row_values.data), row_format, colwise);
 }
 
 int64_t cvt_probe_cuda(CudaOps& ops, Format f, std::vector<uint32_t>* first) {

@@ -356,6 +356,25 @@ TEST(Fp8Training, HopperGemmBf16TrainsLikeTheFp8Path) {
   }
 }
 
+// hopper_gemm=bf16 with the activations' rowwise copies made straight as values (mx_quantize_values, off by default)
+// trains bit for bit as with codes dequantised per GEMM, with and without MXFP8 attention projections.
+TEST(Fp8Training, RowwiseValuesTrainBitForBitLikeCodes) {
+  for (const bool keep_attn : {false, true}) {
+    TrainConfig c = tiny_l0(true, "HYBRID", keep_attn);
+    c.num_train_steps = 6;
+    c.lr_scheduler = {2, 4, 0.1};
+    c.fp8.hopper_gemm = "bf16";
+    set_mx_row_values(0);
+    const std::vector<double> codes = train(c);
+    set_mx_row_values(1);
+    const std::vector<double> values = train(c);
+    set_mx_row_values(-1);
+    ASSERT_EQ(codes.size(), values.size());
+    for (size_t i = 0; i < codes.size(); ++i)
+      EXPECT_EQ(values[i], codes[i]) << "keep_attention_bf16 " << keep_attn << ", step " << i + 1;
+  }
+}
+
 // hopper_gemm=bf16 plans bf16 copies of every MXFP8 weight, both directions, instead of the codes (which become one
 // layer's staging set in the activation arena).
 TEST(Fp8Training, HopperGemmBf16PlansBf16WeightCopies) {

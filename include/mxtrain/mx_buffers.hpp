@@ -37,6 +37,25 @@ class Ops;
 // fp8_config.hopper_gemm=bf16: v's values as a [v.rows, v.cols] tensor at the start of buf (act dtype, batch 1).
 Tensor mx_dequantized(Ops& ops, const mxfp8::MxView& v, const Tensor& buf);
 
+// A GEMM's A operand made from an activation's rowwise copy: its codes q, or (hopper_gemm=bf16) its values, made
+// by mx_quantize_values without codes. rows x cols: the operand's shape (q's rows may be padded past it).
+struct MxRows {
+  mxfp8::MxView q;
+  Tensor values;  // [rows, cols] when set; q is then unused
+};
+// x's rows [0, rows) quantised in one pass: the rowwise copy's values [rows, cols] at the start of buf (A), and
+// the columnwise copy into *colwise if given (a view of that shape).
+MxRows mx_rows_values(Ops& ops, const Tensor& x, int64_t rows, int64_t cols, mxfp8::Format f, const Tensor& buf,
+                      const mxfp8::MxView* colwise);
+// The operand's values: a's own, or its codes dequantised into buf.
+Tensor mx_values(Ops& ops, const MxRows& a, const Tensor& buf);
+// Whether hopper_gemm=bf16 quantises activations straight to rowwise values (env MXTRAIN_MX_ROW_VALUES=1), or
+// writes their rowwise codes and dequantises them per GEMM (default: 1.7-3.6% faster end to end on an H200, as
+// the quantiser writing values runs at 0.72-0.85x the two passes; docs/perf.md). The same numbers either way.
+bool mx_row_values();
+// Overrides the env var in this process: 1 = values, 0 = codes, -1 = back to the env var (tests).
+void set_mx_row_values(int on);
+
 // One layer's expert weights, quantised once per optimizer step.
 struct MxExpertWeights {
   MxWeight w13, w2;  // [E, 2f, d], [E, d, f]

@@ -22,6 +22,7 @@ namespace mxt {
 
 namespace mxfp8 {
 struct MxView;  // mxtrain/mxfp8.hpp
+enum class Format : uint8_t;
 }
 
 struct AttnShape {
@@ -191,6 +192,11 @@ class Ops {
   // (bf16 holds every E4M3 / E5M2 value times a scale, down to 2^-133). fp8_config.hopper_gemm=bf16 runs the
   // MXFP8 GEMMs as bf16 GEMMs on these.
   virtual void mx_dequantize(const mxfp8::MxView& q, const Tensor& out) = 0;
+  // Both at once for the rowwise copy: row_values (x's layout, act dtype) = mx_dequantize of the rowwise copy
+  // mx_quantize would make in row_format, without writing its codes; colwise (may be null) as in mx_quantize,
+  // from the same pass over x. hopper_gemm=bf16 reads an activation's rowwise copy only as values.
+  virtual void mx_quantize_values(const Tensor& x, mxfp8::Format row_format, const Tensor& row_values,
+                                  const mxfp8::MxView* colwise) = 0;
   // Grouped along M (forward, dgrad; a dense linear is one group with offsets {0, rows}): A [M, K] (batch 1)
   // and B [E][N, K] K-major; rows m in [offsets[e], offsets[e+1]) use B's group e. C [M, N] act dtype
   // (overwrite; rows past offsets[E] zeroed).

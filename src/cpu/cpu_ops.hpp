@@ -65,6 +65,8 @@ class CpuOps : public Ops {
 
   void mx_quantize(const Tensor& x, const mxfp8::MxView* rowwise, const mxfp8::MxView* colwise) override;
   void mx_dequantize(const mxfp8::MxView& q, const Tensor& out) override;
+  void mx_quantize_values(const Tensor& x, mxfp8::Format row_format, const Tensor& row_values,
+                          const mxfp8::MxView* colwise) override;
   void mx_grouped_gemm(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,
                        const Tensor& C) override;
   void mx_grouped_gemm_wgrad(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,

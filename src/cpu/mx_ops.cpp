@@ -61,6 +61,20 @@ void CpuOps::mx_dequantize(const MxView& q, const Tensor& out) {
   std::copy(v.begin(), v.end(), cpu::f32(out, op, "out"));
 }
 
+void CpuOps::mx_quantize_values(const Tensor& x, mxfp8::Format row_format, const Tensor& row_values,
+                                const MxView* colwise) {
+  const char* op = "mx_quantize_values";
+  if (x.ndim != 2 && x.ndim != 3) cpu::fail(op, "x must be [rows, cols] or [batch, rows, cols], got " + x.shape_str());
+  const int64_t batch = x.ndim == 3 ? x.shape[0] : 1;
+  if (row_values.numel() != x.numel())
+    cpu::fail(op, "row_values must hold x's " + std::to_string(x.numel()) + " values, got " + row_values.shape_str());
+  mxfp8::MxHost row(batch, x.dim(-2), x.dim(-1), row_format, mxfp8::Direction::Rowwise);
+  const MxView rv = row.view();
+  mxfp8::quantize(cpu::f32(x, op, "x"), batch, x.dim(-2), x.dim(-1), &rv, colwise);
+  const std::vector<float> v = mxfp8::dequantize(rv);
+  std::copy(v.begin(), v.end(), cpu::f32(row_values, op, "row_values"));
+}
+
 void CpuOps::mx_grouped_gemm(const MxView& A, const MxView& B, const Tensor& offsets, const Tensor& C) {
   const char* op = "mx_grouped_gemm";
   check_view(A, op, "A");

@@ -12,7 +12,7 @@ void MixtralModel::attention_forward(int l) {
   ops_.rmsnorm_forward(a.x_in, w.ln1, static_cast<float>(cfg_.rms_norm_eps), a.ln1, a.rstd1);
   if (mx_attn_) {  // MXFP8: ln1 quantised once, rowwise for the three projections and columnwise for their
     const MxDense m = mx_dense();  // wgrads (kept in ln1_col: ln1 itself is scratch, s_.mx_ln1)
-    const mxfp8::MxView x = mx_dense_quantize(ops_, m, a.ln1, m.a, a.ln1_col);
+    const MxRows x = mx_dense_quantize(ops_, m, a.ln1, m.a, a.ln1_col);
     mx_linear_forward(ops_, m, x, mxw_[l].wq, a.q);
     mx_linear_forward(ops_, m, x, mxw_[l].wk, a.k);
     mx_linear_forward(ops_, m, x, mxw_[l].wv, a.v);

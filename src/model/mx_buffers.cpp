@@ -1,6 +1,9 @@
 #include "mxtrain/mx_buffers.hpp"
 
+#include <atomic>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 
 #include "mxtrain/ops.hpp"
 
@@ -47,6 +50,36 @@ Tensor mx_dequantized(Ops& ops, const mxfp8::MxView& v, const Tensor& buf) {
   const Tensor t = buf.rows(0, v.rows * v.cols).view({v.rows, v.cols});
   ops.mx_dequantize(v, t);
   return t;
+}
+
+MxRows mx_rows_values(Ops& ops, const Tensor& x, int64_t rows, int64_t cols, mxfp8::Format f, const Tensor& buf,
+                      const mxfp8::MxView* colwise) {
+  MxRows a;
+  a.values = buf.rows(0, rows * cols).view({rows, cols});
+  ops.mx_quantize_values(x.rows(0, rows), f, a.values, colwise);
+  return a;
+}
+
+namespace {
+std::atomic<int> g_row_values{-1};
+}
+
+void set_mx_row_values(int on) { g_row_values.store(on < 0 ? -1 : on ? 1 : 0); }
+
+bool mx_row_values() {
+  const int o = g_row_values.load();
+  if (o >= 0) return o == 1;
+  static const bool v = [] {
+    const char* s = std::getenv("MXTRAIN_MX_ROW_VALUES");
+    if (s == nullptr || *s == 0 || std::string(s) == "0") return false;
+    if (std::string(s) == "1") return true;
+    throw std::invalid_argument(std::string("MXTRAIN_MX_ROW_VALUES must be 0 or 1, got '") + s + "'");
+  }();
+  return v;
+}
+
+Tensor mx_values(Ops& ops, const MxRows& a, const Tensor& buf) {
+  return a.values.data ? a.values : mx_dequantized(ops, a.q, buf);
 }
 
 mxfp8::MxView MxWeight::rowwise() const {

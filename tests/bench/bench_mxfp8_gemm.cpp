@@ -234,6 +234,26 @@ int main(int argc, char** argv) {
     mx::quantize_cuda(ops, w13.t, &w13_r.v, &w13_c.v);
     mx::quantize_cuda(ops, w2.t, &w2_r.v, &w2_c.v);
     ck(cudaStreamSynchronize(st), "quantise");
+    {
+      // hopper_gemm=bf16's passes over dh13 [R, 2f] (the largest activation): both copies as codes then the rowwise
+      // one dequantised (two kernels), beside the rowwise copy straight to values with the columnwise codes from
+      // the same pass (quantize_values_cuda). Bytes: bf16 in, codes and bf16 values out.
+      Buf vals(ops, DType::BF16, {R, 2 * f});
+      const double n = static_cast<double>(R) * 2 * f;
+      auto codes = [&] { mx::quantize_cuda(ops, dh13.t, &dh_r.v, &dh_c.v); };
+      auto deq = [&] { mx::dequantize_cuda(ops, dh_r.v, vals.t); };
+      auto values = [&] { mx::quantize_values_cuda(ops, dh13.t, mx::Format::E4M3, vals.t, &dh_c.v); };
+      const Timing tc = time_it(st, flush, flush_bytes, 3, runs, codes);
+      const Timing td = time_it(st, flush, flush_bytes, 3, runs, deq);
+      const Timing tv = time_it(st, flush, flush_bytes, 3, runs, values);
+      std::printf("quantiser passes over dh13 [%lld x %lld] bf16:\n", static_cast<long long>(R),
+                  static_cast<long long>(2 * f));
+      std::printf("  both copies as codes      %.3f ms  %6.0f GB/s\n", tc.median_ms, n * 4 / (tc.median_ms * 1e6));
+      std::printf("  rowwise codes -> values   %.3f ms  %6.0f GB/s\n", td.median_ms, n * 3 / (td.median_ms * 1e6));
+      std::printf("  values + columnwise codes %.3f ms  %6.0f GB/s  (%.2fx the two passes)\n", tv.median_ms,
+                  n * 5 / (tv.median_ms * 1e6), (tc.median_ms + td.median_ms) / tv.median_ms);
+      std::fflush(stdout);
+    }
 
     // cuBLASLt scale tensors: ones, sized for the largest 1x128 layout of any operand here.
     const int64_t scale_n = (R / 128 + 1) * 2 * f + 1024;

@@ -212,6 +212,73 @@ TEST(CudaMxfp8, DequantizerBitExactWithCpuTwin) {
   EXPECT_GT(nan_total, 0);  // the specials reached the check
 }
 
+// mx_quantize_values (the rowwise copy straight to its bf16 values, codes never written; hopper_gemm=bf16): the
+// values bit for bit the GPU's own quantise-then-dequantise (NaN bits included) and the CPU twin's dequantised
+// rowwise copy rounded to bf16; the columnwise codes from the same pass bit for bit the CPU's.
+TEST(CudaMxfp8, QuantizeValuesBitExactWithQuantizeThenDequantize) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  struct V {
+    int64_t batch, rows, cols;
+    Format rf;
+    bool col;
+    DType dtype;
+  };
+  const V cases[] = {{1, 64, 256, Format::E4M3, true, DType::BF16},  {1, 7, 96, Format::E5M2, false, DType::BF16},
+                     {2, 96, 160, Format::E4M3, true, DType::F32},  {1, 224, 4096, Format::E5M2, true, DType::BF16},
+                     {1, 32, 32, Format::E4M3, true, DType::BF16},  {1, 70, 64, Format::E4M3, false, DType::F32}};
+  uint32_t seed = 700;
+  int64_t nan_total = 0;
+  for (const V& c : cases) {
+    SCOPED_TRACE("[" + std::to_string(c.batch) + ", " + std::to_string(c.rows) + ", " + std::to_string(c.cols) + "] " +
+                 dtype_name(c.dtype) + " rowwise " + mxfp8::format_name(c.rf) + (c.col ? " + columnwise E4M3" : ""));
+    const int64_t n = c.batch * c.rows * c.cols;
+    std::vector<float> x = nasty_values(n, c.cols, seed++);
+    if (c.dtype == DType::BF16) round_bf16(x);
+    auto X = upload(*gpu, x, c.dtype, {c.batch, c.rows, c.cols});
+    // CPU twin: both copies, the rowwise one dequantised.
+    MxHost hr(c.batch, c.rows, c.cols, c.rf, Direction::Rowwise), hc;
+    const MxView hrv = hr.view();
+    MxView hcv;
+    if (c.col) {
+      hc = MxHost(c.batch, c.rows, c.cols, Format::E4M3, Direction::Columnwise);
+      hcv = hc.view();
+    }
+    mxfp8::quantize(x.data(), c.batch, c.rows, c.cols, &hrv, c.col ? &hcv : nullptr);
+    const std::vector<float> want = mxfp8::dequantize(hrv);
+    // GPU: values (+ columnwise codes) in one pass; and the two-step path it replaces.
+    DeviceTensor vals(*gpu, DType::BF16, {c.batch, c.rows, c.cols}), two(*gpu, DType::BF16, {c.batch, c.rows, c.cols});
+    std::unique_ptr<DeviceMx> dc;
+    if (c.col) dc = std::make_unique<DeviceMx>(*gpu, c.batch, c.rows, c.cols, Format::E4M3, Direction::Columnwise);
+    gpu->mx_quantize_values(X, c.rf, vals.t, dc ? &dc->v : nullptr);
+    DeviceMx dr(*gpu, c.batch, c.rows, c.cols, c.rf, Direction::Rowwise);
+    gpu->mx_quantize(X, &dr.v, nullptr);
+    gpu->mx_dequantize(dr.v, two.t);
+    std::vector<uint16_t> got(static_cast<size_t>(n)), ref(static_cast<size_t>(n));
+    gpu->download(got.data(), vals.t.data, got.size() * 2);
+    gpu->download(ref.data(), two.t.data, ref.size() * 2);
+    int64_t bad_two = 0, bad_cpu = 0, nans = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      bad_two += got[i] != ref[i];
+      const float g = bf16_bits_to_f32(got[i]);
+      if (std::isnan(want[i])) {
+        nans += std::isnan(g);
+        bad_cpu += !std::isnan(g);
+      } else {
+        bad_cpu += got[i] != f32_to_bf16_bits(want[i]);
+      }
+    }
+    EXPECT_EQ(bad_two, 0) << "values differ from quantise + dequantise on the GPU";
+    EXPECT_EQ(bad_cpu, 0) << "values differ from the CPU twin";
+    if (c.col) {
+      EXPECT_TRUE(dc->data() == hc.data) << "columnwise codes differ";
+      EXPECT_TRUE(dc->scales() == hc.scales) << "columnwise scales differ";
+    }
+    nan_total += nans;
+  }
+  EXPECT_GT(nan_total, 0);  // NaN blocks reached the check
+}
+
 TEST(CudaMxfp8, QuantizerRejectsBadShapesAndViews) {
   MXT_REQUIRE_GPU();
   auto gpu = make_cuda_ops();
