@@ -29,6 +29,28 @@
 namespace mxt::testing {
 namespace {
 
+// acc micro-batches of B sequences of S random token ids and labels (seeded), positions 0..S-1 in each sequence.
+struct RandomMicroBatches {
+  int64_t tokens;
+  std::vector<std::vector<int32_t>> ids, labels;
+  std::vector<int32_t> pos;
+  RandomMicroBatches(const ModelConfig& cfg, int64_t B, int64_t S, int64_t acc, uint32_t seed)
+      : tokens(B * S), ids(acc), labels(acc) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> tok(0, static_cast<int>(cfg.vocab_size) - 1);
+    for (int64_t i = 0; i < tokens; ++i) pos.push_back(static_cast<int32_t>(i % S));
+    for (int64_t m = 0; m < acc; ++m)
+      for (int64_t i = 0; i < tokens; ++i) {
+        ids[m].push_back(tok(rng));
+        labels[m].push_back(tok(rng));
+      }
+  }
+  MicroBatch at(int64_t m) {
+    return MicroBatch{Tensor(ids[m].data(), DType::I32, {tokens}), Tensor(labels[m].data(), DType::I32, {tokens}),
+                      Tensor(pos.data(), DType::I32, {tokens})};
+  }
+};
+
 TrainConfig config(int64_t group, int64_t acc) {
   TrainConfig c = tiny_config("mxtrain_test_expert_wgrad_group", 32, 48);
   c.num_train_steps = 5;
@@ -78,16 +100,7 @@ TEST(ExpertWgradGroup, FirstGroupOverwritesTheExpertGradients) {
   std::vector<float> dense, expert;
   init_params_host(layout, cfg, 7, dense, expert);
   const int64_t B = 2, S = 8, acc = 5;
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int> tok(0, static_cast<int>(cfg.vocab_size) - 1);
-  std::vector<std::vector<int32_t>> ids(acc), labels(acc);
-  std::vector<int32_t> pos;
-  for (int64_t i = 0; i < B * S; ++i) pos.push_back(static_cast<int32_t>(i % S));
-  for (int64_t m = 0; m < acc; ++m)
-    for (int64_t i = 0; i < B * S; ++i) {
-      ids[m].push_back(tok(rng));
-      labels[m].push_back(tok(rng));
-    }
+  RandomMicroBatches batches(cfg, B, S, acc, 5);
   auto grads = [&](int64_t group, bool overwrite, std::vector<float>& gd, std::vector<float>& ge) {
     auto ops = make_cpu_ops();
     MixtralModel model(cfg, *ops, B, S, layout, true, {}, {}, false, group);
@@ -99,8 +112,7 @@ TEST(ExpertWgradGroup, FirstGroupOverwritesTheExpertGradients) {
                Tensor(gd.data(), DType::F32, {(int64_t)gd.size()}), Tensor(ge.data(), DType::F32, {(int64_t)ge.size()}));
     for (int64_t m = 0; m < acc; ++m) {
       model.set_micro_batch(m, acc, overwrite);
-      MicroBatch mb{Tensor(ids[m].data(), DType::I32, {B * S}), Tensor(labels[m].data(), DType::I32, {B * S}),
-                    Tensor(pos.data(), DType::I32, {B * S})};
+      const MicroBatch mb = batches.at(m);
       float sum = 0;
       model.forward_backward(mb, 1.f / (B * S), 1.f, Tensor(&sum, DType::F32, {1}), true, 1234);
     }
@@ -165,16 +177,7 @@ TEST(ExpertWgradGroup, Mxfp8WithBf16GemmsDefersTheExpertWeightGradients) {
   std::vector<float> dense, expert;
   init_params_host(layout, cfg, 9, dense, expert);
   const int64_t B = 2, S = 8, acc = 3;
-  std::mt19937 rng(3);
-  std::uniform_int_distribution<int> tok(0, static_cast<int>(cfg.vocab_size) - 1);
-  std::vector<std::vector<int32_t>> ids(acc), labels(acc);
-  std::vector<int32_t> pos;
-  for (int64_t i = 0; i < B * S; ++i) pos.push_back(static_cast<int32_t>(i % S));
-  for (int64_t m = 0; m < acc; ++m)
-    for (int64_t i = 0; i < B * S; ++i) {
-      ids[m].push_back(tok(rng));
-      labels[m].push_back(tok(rng));
-    }
+  RandomMicroBatches batches(cfg, B, S, acc, 3);
   Fp8Config fp8;
   fp8.enabled = true;
   fp8.keep_attention_bf16 = true;  // 16 tokens per micro-batch: not whole 32-token blocks
@@ -191,8 +194,7 @@ TEST(ExpertWgradGroup, Mxfp8WithBf16GemmsDefersTheExpertWeightGradients) {
     std::vector<double> norms;
     for (int64_t m = 0; m < acc; ++m) {
       model.set_micro_batch(m, acc, false);
-      MicroBatch mb{Tensor(ids[m].data(), DType::I32, {B * S}), Tensor(labels[m].data(), DType::I32, {B * S}),
-                    Tensor(pos.data(), DType::I32, {B * S})};
+      const MicroBatch mb = batches.at(m);
       float sum = 0;
       model.forward_backward(mb, 1.f / (B * S), 1.f, Tensor(&sum, DType::F32, {1}), true, 1234);
       double n2 = 0;

@@ -91,6 +91,10 @@ struct Fp8Config {
   // How the MXFP8 GEMMs run on Hopper: "fp8" = FP8 wgmma with the 32-block scales applied on the CUDA cores;
   // "bf16" = the same quantised values dequantised to bf16 and multiplied on the bf16 tensor cores.
   std::string hopper_gemm = "bf16";
+  // MXFP8 on the FP8-wgmma kernels (hopper_gemm=fp8), which keep E4M3 weight copies and their own wgrad kernels.
+  bool fp8_kernels() const { return enabled && hopper_gemm != "bf16"; }
+  // MXFP8 on the bf16 GEMMs (dequantised operands; bf16 weight copies of both directions).
+  bool bf16_gemms() const { return enabled && hopper_gemm == "bf16"; }
 };
 
 struct CheckpointConfig {

@@ -42,11 +42,14 @@ Tensor mx_dequantized(Ops& ops, const mxfp8::MxView& v, const Tensor& buf);
 struct MxRows {
   mxfp8::MxView q;
   Tensor values;  // [rows, cols] when set; q is then unused
+  // The first n rows (a prefix of the rowwise layout either way).
+  MxRows first(int64_t n) const;
 };
-// x's rows [0, rows) quantised in one pass: the rowwise copy's values [rows, cols] at the start of buf (A), and
-// the columnwise copy into *colwise if given (a view of that shape).
-MxRows mx_rows_values(Ops& ops, const Tensor& x, int64_t rows, int64_t cols, mxfp8::Format f, const Tensor& buf,
-                      const mxfp8::MxView* colwise);
+// x's rows [0, rows) quantised in one pass: the rowwise copy as a GEMM's A, as codes in row or (values_buf given:
+// hopper_gemm=bf16 with mx_row_values()) as its values [rows, cols] at the start of *values_buf; and the
+// columnwise copy into *colwise if given (a view of that shape).
+MxRows mx_quantize_rows(Ops& ops, const Tensor& x, int64_t rows, int64_t cols, mxfp8::Format f, const MxBuf& row,
+                        const Tensor* values_buf, const mxfp8::MxView* colwise);
 // The operand's values: a's own, or its codes dequantised into buf.
 Tensor mx_values(Ops& ops, const MxRows& a, const Tensor& buf);
 // Whether hopper_gemm=bf16 quantises activations straight to rowwise values (env MXTRAIN_MX_ROW_VALUES=1), or

@@ -41,9 +41,9 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   C_ = ep_on ? ep_capacity_rows(T_, k_, E_, ep_.size, ep_.capacity_factor) : R_;
   if (const char* s = std::getenv("MXTRAIN_OVERLAP_SMS")) overlap_sms_ = std::max(0, std::atoi(s));
   mx_ = fp8.enabled;
-  mx_bf16_ = mx_ && fp8.hopper_gemm == "bf16";
+  mx_bf16_ = fp8.bf16_gemms();
   // The FP8 kernels have their own weight-gradient kernels; hopper_gemm=bf16 holds dequantised operands instead.
-  wgrad_group_ = mx_ && !mx_bf16_ ? 1 : std::max<int64_t>(1, expert_wgrad_micro_batches);
+  wgrad_group_ = fp8.fp8_kernels() ? 1 : std::max<int64_t>(1, expert_wgrad_micro_batches);
   mx_attn_ = mx_ && !fp8.keep_attention_bf16;
   Cx_ = mx_ ? (C_ + 31) / 32 * 32 : C_;
   const int64_t hd = cfg.head_dim(), H = cfg.num_attention_heads, KVH = cfg.num_key_value_heads;

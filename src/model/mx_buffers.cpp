@@ -52,11 +52,23 @@ Tensor mx_dequantized(Ops& ops, const mxfp8::MxView& v, const Tensor& buf) {
   return t;
 }
 
-MxRows mx_rows_values(Ops& ops, const Tensor& x, int64_t rows, int64_t cols, mxfp8::Format f, const Tensor& buf,
-                      const mxfp8::MxView* colwise) {
+MxRows MxRows::first(int64_t n) const {
+  MxRows a = *this;
+  if (a.values.data) a.values = a.values.rows(0, n);
+  else a.q.rows = n;
+  return a;
+}
+
+MxRows mx_quantize_rows(Ops& ops, const Tensor& x, int64_t rows, int64_t cols, mxfp8::Format f, const MxBuf& row,
+                        const Tensor* values_buf, const mxfp8::MxView* colwise) {
   MxRows a;
-  a.values = buf.rows(0, rows * cols).view({rows, cols});
-  ops.mx_quantize_values(x.rows(0, rows), f, a.values, colwise);
+  if (values_buf) {
+    a.values = values_buf->rows(0, rows * cols).view({rows, cols});
+    ops.mx_quantize_values(x.rows(0, rows), f, a.values, colwise);
+  } else {
+    a.q = row.view(1, rows, cols, f, mxfp8::Direction::Rowwise);
+    ops.mx_quantize(x.rows(0, rows), &a.q, colwise);
+  }
   return a;
 }
 

@@ -14,16 +14,8 @@ MxRows quantize_both(Ops& ops, const MxExpertRun& r, const Tensor& x, int64_t n,
   const int64_t np = mx_pad_rows(n);
   if (np > n) ops.zero(x.rows(n, np - n));
   xc = col.view(1, np, cols, f, Direction::Columnwise);
-  MxRows a;
-  if (r.bf16 && !keep_codes && mx_row_values()) {
-    a = mx_rows_values(ops, x, np, cols, f, r.deq_a, &xc);
-    a.values = a.values.rows(0, n);
-    return a;
-  }
-  a.q = row.view(1, np, cols, f, Direction::Rowwise);
-  ops.mx_quantize(x.rows(0, np), &a.q, &xc);
-  a.q.rows = n;
-  return a;
+  const bool values = r.bf16 && !keep_codes && mx_row_values();
+  return mx_quantize_rows(ops, x, np, cols, f, row, values ? &r.deq_a : nullptr, &xc).first(n);
 }
 
 // C = A B[e]^T grouped along rows (forward, dgrad): the MXFP8 kernel on the codes, or (bf16) the bf16 grouped GEMM

@@ -4,13 +4,21 @@ namespace mxt {
 
 using mxfp8::Direction;
 
+namespace {
+
+// x [T, cols] in one pass: the GEMM's A (codes in row, or with hopper_gemm=bf16 and mx_row_values() its values
+// in m.deq_a) and, if given, the columnwise copy.
+MxRows dense_rows(Ops& ops, const MxDense& m, const Tensor& x, mxfp8::Format f, const MxBuf& row,
+                  const mxfp8::MxView* col) {
+  const int64_t cols = x.numel() / m.T;
+  return mx_quantize_rows(ops, x.view({m.T, cols}), m.T, cols, f, row, m.bf16 && mx_row_values() ? &m.deq_a : nullptr,
+                          col);
+}
+
+}  // namespace
+
 MxRows mx_dense_rowwise(Ops& ops, const MxDense& m, const Tensor& x, const MxBuf& buf) {
-  const int64_t in = x.numel() / m.T;
-  if (m.bf16 && mx_row_values()) return mx_rows_values(ops, x.view({m.T, in}), m.T, in, m.fwd, m.deq_a, nullptr);
-  MxRows a;
-  a.q = buf.view(1, m.T, in, m.fwd, Direction::Rowwise);
-  ops.mx_quantize(x.view({m.T, in}), &a.q, nullptr);
-  return a;
+  return dense_rows(ops, m, x, m.fwd, buf, nullptr);
 }
 
 mxfp8::MxView mx_dense_colwise(Ops& ops, const MxDense& m, const Tensor& x, const MxBuf& buf) {
@@ -20,13 +28,8 @@ mxfp8::MxView mx_dense_colwise(Ops& ops, const MxDense& m, const Tensor& x, cons
 }
 
 MxRows mx_dense_quantize(Ops& ops, const MxDense& m, const Tensor& x, const MxBuf& row, const MxBuf& col) {
-  const int64_t in = x.numel() / m.T;
-  const mxfp8::MxView c = col.view(1, m.T, in, m.fwd, Direction::Columnwise);
-  if (m.bf16 && mx_row_values()) return mx_rows_values(ops, x.view({m.T, in}), m.T, in, m.fwd, m.deq_a, &c);
-  MxRows a;
-  a.q = row.view(1, m.T, in, m.fwd, Direction::Rowwise);
-  ops.mx_quantize(x.view({m.T, in}), &a.q, &c);
-  return a;
+  const mxfp8::MxView c = col.view(1, m.T, x.numel() / m.T, m.fwd, Direction::Columnwise);
+  return dense_rows(ops, m, x, m.fwd, row, &c);
 }
 
 void mx_linear_forward(Ops& ops, const MxDense& m, const MxRows& x_row, const MxWeight& W, const Tensor& y) {
@@ -41,25 +44,17 @@ void mx_linear_forward(Ops& ops, const MxDense& m, const MxRows& x_row, const Mx
 void mx_linear_backward(Ops& ops, const MxDense& m, const Tensor& dy, const MxWeight& W,
                         const mxfp8::MxView& x_col, const Tensor& dx, const Tensor& tmp, const Tensor& dW) {
   const int64_t out = W.rows, in = W.cols;
-  const mxfp8::MxView gr = m.a.view(1, m.T, out, m.grad, Direction::Rowwise);
   const mxfp8::MxView gc = m.b.view(1, m.T, out, m.grad, Direction::Columnwise);
+  const MxRows g = dense_rows(ops, m, dy, m.grad, m.a, &gc);
   const bool acc = tmp.data != nullptr;
   if (m.bf16) {  // dx (+)= dy W, dW += dy^T x on the values (cuBLASLt accumulates into dx: no tmp)
-    MxRows g;
-    if (mx_row_values()) {
-      g = mx_rows_values(ops, dy.view({m.T, out}), m.T, out, m.grad, m.deq_a, &gc);
-    } else {
-      g.q = gr;
-      ops.mx_quantize(dy.view({m.T, out}), &gr, &gc);
-    }
     ops.gemm(false, false, m.T, in, out, 1.f, mx_values(ops, g, m.deq_a), W.deq_col, acc ? 1.f : 0.f,
              dx.view({m.T, in}));
     ops.gemm(true, false, out, in, m.T, 1.f, mx_dequantized(ops, gc, m.deq_a), mx_dequantized(ops, x_col, m.deq_b), 1.f,
              dW.view({out, in}));
     return;
   }
-  ops.mx_quantize(dy.view({m.T, out}), &gr, &gc);
-  ops.mx_grouped_gemm(gr, W.colwise(), m.offsets, (acc ? tmp : dx).view({m.T, in}));
+  ops.mx_grouped_gemm(g.q, W.colwise(), m.offsets, (acc ? tmp : dx).view({m.T, in}));
   if (acc) ops.add(dx, tmp, dx);
   ops.mx_grouped_gemm_wgrad(gc, x_col, m.offsets, dW.view({1, out, in}));
 }

@@ -29,7 +29,7 @@ int64_t local_experts(const TrainConfig& c) { return c.model.num_local_experts /
 // Micro-batches per expert weight-gradient GEMM as it takes effect: at most the step's, and 1 for the MXFP8
 // experts on the FP8 kernels (hopper_gemm=fp8: their own weight-gradient kernels).
 int64_t expert_wgrad_group(const TrainConfig& cfg) {
-  if (cfg.fp8.enabled && cfg.fp8.hopper_gemm != "bf16") return 1;
+  if (cfg.fp8.fp8_kernels()) return 1;
   return std::max<int64_t>(1, std::min(cfg.expert_wgrad_micro_batches, cfg.grad_acc_steps));
 }
 
@@ -150,7 +150,7 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   if (rank_ == 0 && cfg.expert_wgrad_micro_batches > expert_wgrad_group(cfg))
     spdlog::warn("expert_wgrad_micro_batches={} takes effect as {}: {}", cfg.expert_wgrad_micro_batches,
                  expert_wgrad_group(cfg),
-                 cfg.fp8.enabled && cfg.fp8.hopper_gemm != "bf16"
+                 cfg.fp8.fp8_kernels()
                      ? "the MXFP8 experts on the FP8 kernels (hopper_gemm=fp8) have their own weight-gradient kernels"
                                  : "a group cannot hold more than the step's grad_acc_steps micro-batches");
   if (rank_ == 0)
@@ -703,8 +703,7 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts, working,
       gib(p.param_bytes), world, sharded ? " with its fp32 master" : "", cfg.parallelism.dp_size,
       p.fp8_weight_bytes ? fmt::format("  MXFP8 weight copies ({}{}, {}): {:.2f} GiB\n",
-                                       cfg.fp8.hopper_gemm == "bf16" ? "E4M3 values in bf16, hopper_gemm=bf16: "
-                                                                     : "E4M3 ",
+                                       cfg.fp8.bf16_gemms() ? "E4M3 values in bf16, hopper_gemm=bf16: " : "E4M3 ",
                                        cfg.fp8.cache_columnwise_weights
                                            ? "rowwise + columnwise"
                                            : "rowwise; the columnwise ones one layer at a time, in the activations",
@@ -735,7 +734,7 @@ std::string plan_fit_problem(const TrainConfig& cfg, const MemoryPlan& p, size_t
     s += " expert_wgrad_micro_batches=1 (no micro-batch of expert operands held per layer);";
   if (cfg.fp8.enabled && cfg.fp8.cache_columnwise_weights)
     s += " fp8_config.cache_columnwise_weights=false (dgrad weight copies one layer at a time);";
-  if (cfg.fp8.enabled && cfg.fp8.hopper_gemm == "bf16")
+  if (cfg.fp8.bf16_gemms())
     s += " fp8_config.hopper_gemm=fp8 (E4M3 weight copies instead of bf16 ones, on slower GEMMs);";
   if (cfg.lm_head_chunk_tokens > 1024) s += " lm_head_chunk_tokens=1024;";
   if (cfg.dataset.micro_batch_size > 1) s += " a smaller dataset.micro_batch_size;";

@@ -126,6 +126,13 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
   fill_random(ops, dh13.t, 5, 1.f);
   fill_random(ops, dy.t, 6, 1.f);
   Buf acc2(ops, DType::F32, {2});
+  // Routing weights for the SwiGLU fusions (0.25 .. 0.68, never zero).
+  Buf wp(ops, DType::F32, {R});
+  {
+    std::vector<float> hw(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) hw[static_cast<size_t>(r)] = 0.25f + 0.5f * static_cast<float>(r % 7) / 7.f;
+    ops.upload(wp.t.data, hw.data(), hw.size() * 4);
+  }
 
   struct Op {
     const char* name;
@@ -230,10 +237,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       mxt::sm90::set_grouped_tile_n(256);
       mxt::sm90::set_grouped_cluster(1);
       mxt::sm90::set_grouped_tma_store(1);
-      Buf wp(ops, DType::F32, {R}), a1(ops, DType::BF16, {R, f}), a2(ops, DType::BF16, {R, f});
-      std::vector<float> hw(static_cast<size_t>(R));
-      for (int64_t r = 0; r < R; ++r) hw[static_cast<size_t>(r)] = 0.25f + 0.5f * static_cast<float>(r % 7) / 7.f;
-      ops.upload(wp.t.data, hw.data(), hw.size() * 4);
+      Buf a1(ops, DType::BF16, {R, f}), a2(ops, DType::BF16, {R, f});
       mxt::sm90::set_grouped_swiglu_fusion(1);
       auto fused = [&] { ops.grouped_gemm_swiglu(x.t, w13.t, OFF.t, wp.t, out1, a1.t); };
       auto separate = [&] {
@@ -257,11 +261,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       mxt::sm90::set_grouped_tile_n(256);
       mxt::sm90::set_grouped_cluster(1);
       mxt::sm90::set_grouped_tma_store(1);
-      Buf wp(ops, DType::F32, {R}), dwp(ops, DType::F32, {R}), g1(ops, DType::BF16, {R, 2 * f}),
-          g2(ops, DType::BF16, {R, 2 * f});
-      std::vector<float> hw(static_cast<size_t>(R));
-      for (int64_t r = 0; r < R; ++r) hw[static_cast<size_t>(r)] = 0.25f + 0.5f * static_cast<float>(r % 7) / 7.f;
-      ops.upload(wp.t.data, hw.data(), hw.size() * 4);
+      Buf dwp(ops, DType::F32, {R}), g1(ops, DType::BF16, {R, 2 * f}), g2(ops, DType::BF16, {R, 2 * f});
       mxt::sm90::set_grouped_swiglu_fusion(1);
       auto fused = [&] { ops.grouped_gemm_dgrad_swiglu(dy.t, w2.t, OFF.t, dh13.t, wp.t, out1, g1.t, dwp.t); };
       auto separate = [&] {
