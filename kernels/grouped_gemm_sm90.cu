@@ -132,7 +132,8 @@ struct Params {
   int32_t m_tiles;  // wgrad: ceil(M / BM)
   int32_t m_fast;   // wgrad: item order, m-tile fastest
   int32_t prefetch; // wgrad: prefetch each dW tile into L2 (bulk copies) before the TMA adds to it
-  int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing
+  int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing,
+                    // 3 = no epilogue (timing only)
   int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC); wgrad: the
                       // tile leaves through TMA reduce-adds / stores, else red.global / st.global from registers
   void* out;        // y / dx (bf16, [R, N]) or dW (f32, [E, M, N]); forward + SwiGLU: h13 (bf16, [R, 2N])
@@ -436,6 +437,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
 #pragma unroll
     for (int i = 0; i < C::kAcc; ++i) fence_operand(acc[i]);
     if (it.nk > 0) release(prev);
+    if (p.fault == 3) continue;  // timing only (MXTRAIN_GG_FAULT=noepi): the epilogue's cost by difference
 
     // Epilogue straight from the accumulator fragments (layout: sm90_wgmma.cuh).
     const int r_local = cw * 64 + warp * 16 + lane / 4;
@@ -816,7 +818,7 @@ bool swiglu_fused() {
 
 // MXTRAIN_GG_FAULT=mask|tail breaks the kernels on purpose, so a GPU run can check that the tests catch it.
 int fault_injection() {
-  static const int v = env_choice("MXTRAIN_GG_FAULT", {"none", "mask", "tail"});
+  static const int v = env_choice("MXTRAIN_GG_FAULT", {"none", "mask", "tail", "noepi"});
   return v;
 }
 
@@ -915,32 +917,42 @@ void launch_cfg(const char* op, const CUtensorMap& a, const CUtensorMap& b, cons
   else launch<kMode, 256, 2>(op, a, b, c, sets, p, max_units, ctx);
 }
 
-// Forward and dgrad share everything but B's layout: out [R, N] from in [R, K].
-template <Mode kMode>
-bool try_rows(const char* op, const bf16* in, const bf16* W, const int32_t* off, int64_t E, int64_t R,
-              int64_t w_out, int64_t w_in, bf16* out, CudaContext& ctx) {
-  if (!wants_sm90() || !shapes_ok(E, R, w_out, w_in) || !device_ok(ctx.device)) return false;
-  if (!aligned(in, 16) || !aligned(W, 16) || !aligned(out, 16)) return false;  // TMA bases, 16-byte stores
-  const int bn = tile_n(), cl = cluster_size();
-  const int64_t N = kMode == Mode::kFwd ? w_out : w_in, K = kMode == Mode::kFwd ? w_in : w_out;
-  const int64_t n_units = ((N + bn - 1) / bn + cl - 1) / cl;
-  const int64_t max_units = ((R + BM - 1) / BM + E) * n_units;  // >= sum_e ceil(rows_e / BM) * n_units
-  if (max_units > INT32_MAX) return false;
+// The host-side pieces the three row modes (forward, dgrad, their SwiGLU variants) share.
 
-  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(R)};
-  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(K) * 2};
-  const cuuint32_t a_box[2] = {BK, static_cast<cuuint32_t>(BM / cl)};  // clusters: each CTA loads a half
-  CUtensorMap ma, mb;
-  if (!make_map(ma, op, kMode == Mode::kFwd ? "x" : "dy", in, 2, a_dims, a_strides, a_box)) return false;
-  // W [E, w_out, w_in] row-major: dims innermost first {w_in, w_out, E}.
-  const cuuint64_t w_dims[3] = {static_cast<cuuint64_t>(w_in), static_cast<cuuint64_t>(w_out),
-                                static_cast<cuuint64_t>(E)};
-  const cuuint64_t w_strides[2] = {static_cast<cuuint64_t>(w_in) * 2, static_cast<cuuint64_t>(w_in * w_out) * 2};
-  // Forward: a box of BN W rows x 64 k (K-major). Dgrad: 64 k-rows x 64 columns, BN/64 boxes per stage.
-  const cuuint32_t w_box[3] = {static_cast<cuuint32_t>(BK),
-                               static_cast<cuuint32_t>(kMode == Mode::kFwd ? bn : BK), 1};
-  if (!make_map(mb, op, "W", W, 3, w_dims, w_strides, w_box)) return false;
+// An upper bound on sum_e ceil(rows_e / BM) * n_units for R rows over E experts.
+int64_t row_units(int64_t R, int64_t E, int64_t n_units) { return ((R + BM - 1) / BM + E) * n_units; }
 
+// A row operand [R, K] bf16 (x or dy), read as boxes of 64 k x box_rows rows.
+bool rows_map(CUtensorMap& m, const char* op, const char* what, const bf16* p, int64_t K, int64_t R,
+              int64_t box_rows) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(R)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * 2};
+  const cuuint32_t box[2] = {BK, static_cast<cuuint32_t>(box_rows)};
+  return make_map(m, op, what, p, 2, dims, strides, box);
+}
+
+// Expert weights W [E, rows, cols] row-major (dims innermost first), read as boxes of 64 columns x box_rows rows.
+bool weight_map(CUtensorMap& m, const char* op, const char* what, const bf16* W, int64_t E, int64_t rows,
+                int64_t cols, int64_t box_rows) {
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(E)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols) * 2, static_cast<cuuint64_t>(cols * rows) * 2};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(BK), static_cast<cuuint32_t>(box_rows), 1};
+  return make_map(m, op, what, W, 3, dims, strides, box);
+}
+
+// A bf16 output of R rows x cols columns, row_stride elements apart, stored in 32-column x 64-row boxes
+// (64-byte rows, 64-byte swizzle).
+bool store_map(CUtensorMap& m, const char* op, const char* what, bf16* p, int64_t cols, int64_t R,
+               int64_t row_stride) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(R)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_stride) * 2};
+  const cuuint32_t box[2] = {32, 64};
+  return make_map(m, op, what, p, 2, dims, strides, box, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                  CU_TENSOR_MAP_SWIZZLE_64B);
+}
+
+Params row_params(const int32_t* off, int64_t E, int64_t R, int64_t N, int64_t K, int64_t n_units, void* out) {
   Params p{};
   p.offsets = off;
   p.E = static_cast<int32_t>(E);
@@ -950,14 +962,30 @@ bool try_rows(const char* op, const bf16* in, const bf16* W, const int32_t* off,
   p.n_units = static_cast<int32_t>(n_units);
   p.out = out;
   p.fault = fault_injection();
-  // y / dx [R, N] bf16, stored in 32-column x 64-row boxes (64-byte rows, 64-byte swizzle).
-  const cuuint64_t c_dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(R)};
-  const cuuint64_t c_strides[1] = {static_cast<cuuint64_t>(N) * 2};
-  const cuuint32_t c_box[2] = {32, 64};
+  return p;
+}
+
+// Forward and dgrad share everything but B's layout: out [R, N] from in [R, K].
+template <Mode kMode>
+bool try_rows(const char* op, const bf16* in, const bf16* W, const int32_t* off, int64_t E, int64_t R,
+              int64_t w_out, int64_t w_in, bf16* out, CudaContext& ctx) {
+  if (!wants_sm90() || !shapes_ok(E, R, w_out, w_in) || !device_ok(ctx.device)) return false;
+  if (!aligned(in, 16) || !aligned(W, 16) || !aligned(out, 16)) return false;  // TMA bases, 16-byte stores
+  const int bn = tile_n(), cl = cluster_size();
+  const int64_t N = kMode == Mode::kFwd ? w_out : w_in, K = kMode == Mode::kFwd ? w_in : w_out;
+  const int64_t n_units = ((N + bn - 1) / bn + cl - 1) / cl;
+  const int64_t max_units = row_units(R, E, n_units);
+  if (max_units > INT32_MAX) return false;
+
+  CUtensorMap ma, mb;
+  // Clusters: each CTA loads a half of the rows.
+  if (!rows_map(ma, op, kMode == Mode::kFwd ? "x" : "dy", in, K, R, BM / cl)) return false;
+  // Forward: boxes of BN W rows x 64 k (K-major). Dgrad: 64 k-rows x 64 columns, BN/64 boxes per stage.
+  if (!weight_map(mb, op, "W", W, E, w_out, w_in, kMode == Mode::kFwd ? bn : BK)) return false;
+
+  Params p = row_params(off, E, R, N, K, n_units, out);
   CUtensorMap mc = ma;
-  p.tma_store = store_epilogue() &&
-                make_map(mc, op, kMode == Mode::kFwd ? "y" : "dx", out, 2, c_dims, c_strides, c_box,
-                         CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_SWIZZLE_64B);
+  p.tma_store = store_epilogue() && store_map(mc, op, kMode == Mode::kFwd ? "y" : "dx", out, N, R, N);
   launch_cfg<kMode>(op, ma, mb, mc, p, max_units, ctx, bn, cl);
   note_grouped_impl("sm90");
   return true;
@@ -971,47 +999,23 @@ bool try_fwd_swiglu(const bf16* x, const bf16* W, const int32_t* off, int64_t E,
   if (!aligned(x, 16) || !aligned(W, 16) || !aligned(h13, 16) || !aligned(act, 16)) return false;
   const int bn = tile_n();
   const int64_t n_units = (f + bn / 2 - 1) / (bn / 2);
-  const int64_t max_units = ((R + BM - 1) / BM + E) * n_units;
+  const int64_t max_units = row_units(R, E, n_units);
   if (max_units > INT32_MAX) return false;
 
-  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(R)};
-  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(K) * 2};
-  const cuuint32_t a_box[2] = {BK, BM};
   CUtensorMap ma, mb;
-  if (!make_map(ma, op, "x", x, 2, a_dims, a_strides, a_box)) return false;
-  // W13 [E, 2f, K]: boxes of BN/2 rows x 64 k, two per stage (gate rows, up rows).
-  const cuuint64_t w_dims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(2 * f),
-                                static_cast<cuuint64_t>(E)};
-  const cuuint64_t w_strides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(K * 2 * f) * 2};
-  const cuuint32_t w_box[3] = {static_cast<cuuint32_t>(BK), static_cast<cuuint32_t>(bn / 2), 1};
-  if (!make_map(mb, op, "W13", W, 3, w_dims, w_strides, w_box)) return false;
+  if (!rows_map(ma, op, "x", x, K, R, BM)) return false;
+  // W13: boxes of BN/2 rows x 64 k, two per stage (gate rows, up rows).
+  if (!weight_map(mb, op, "W13", W, E, 2 * f, K, bn / 2)) return false;
 
-  Params p{};
-  p.offsets = off;
-  p.E = static_cast<int32_t>(E);
-  p.R = static_cast<int32_t>(R);
-  p.N = static_cast<int32_t>(f);
-  p.K = static_cast<int32_t>(K);
-  p.n_units = static_cast<int32_t>(n_units);
-  p.out = h13;
+  Params p = row_params(off, E, R, f, K, n_units, h13);
   p.act = act;
   p.wp = wp;
-  p.fault = fault_injection();
-  // Stores through 32-column x 64-row boxes: h13's gate and up halves as two [R, f] views of its rows (so
-  // neither box spills into the other half), and act.
-  const cuuint64_t c_dims[2] = {static_cast<cuuint64_t>(f), static_cast<cuuint64_t>(R)};
-  const cuuint64_t h_strides[1] = {static_cast<cuuint64_t>(2 * f) * 2};
-  const cuuint64_t act_strides[1] = {static_cast<cuuint64_t>(f) * 2};
-  const cuuint32_t c_box[2] = {32, 64};
+  // h13's gate and up halves as two [R, f] views of its rows (so neither box spills into the other half), and act.
   CUtensorMap mc = ma;
   SetMaps sets{};
-  p.tma_store = store_epilogue() &&
-                make_map(mc, op, "h13 (gate)", h13, 2, c_dims, h_strides, c_box, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                         CU_TENSOR_MAP_SWIZZLE_64B) &&
-                make_map(sets.a[0], op, "h13 (up)", h13 + f, 2, c_dims, h_strides, c_box,
-                         CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_SWIZZLE_64B) &&
-                make_map(sets.a[1], op, "act", act, 2, c_dims, act_strides, c_box, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                         CU_TENSOR_MAP_SWIZZLE_64B);
+  p.tma_store = store_epilogue() && store_map(mc, op, "h13 (gate)", h13, f, R, 2 * f) &&
+                store_map(sets.a[0], op, "h13 (up)", h13 + f, f, R, 2 * f) &&
+                store_map(sets.a[1], op, "act", act, f, R, f);
   launch_cfg<Mode::kFwdSwiglu>(op, ma, mb, mc, p, max_units, ctx, bn, 1, sets);
   note_grouped_impl("sm90");
   return true;
@@ -1027,32 +1031,18 @@ bool try_dgrad_swiglu(const bf16* dy, const bf16* W, const int32_t* off, int64_t
   if (!aligned(dy, 16) || !aligned(W, 16) || !aligned(h13, 16) || !aligned(dh13, 16)) return false;
   const int bn = tile_n();
   const int64_t tiles = (f + bn - 1) / bn;
-  const int64_t max_units = ((R + BM - 1) / BM + E) * tiles;
+  const int64_t max_units = row_units(R, E, tiles);
   if (max_units > INT32_MAX || R * tiles > part_floats) return false;
 
-  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(R)};
-  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(K) * 2};
-  const cuuint32_t a_box[2] = {BK, BM};
   CUtensorMap ma, mb;
-  if (!make_map(ma, op, "dy", dy, 2, a_dims, a_strides, a_box)) return false;
+  if (!rows_map(ma, op, "dy", dy, K, R, BM)) return false;
   // W2 [E, K, f]: 64 k-rows x 64 columns per box, as the dgrad.
-  const cuuint64_t w_dims[3] = {static_cast<cuuint64_t>(f), static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(E)};
-  const cuuint64_t w_strides[2] = {static_cast<cuuint64_t>(f) * 2, static_cast<cuuint64_t>(f * K) * 2};
-  const cuuint32_t w_box[3] = {static_cast<cuuint32_t>(BK), static_cast<cuuint32_t>(BK), 1};
-  if (!make_map(mb, op, "W2", W, 3, w_dims, w_strides, w_box)) return false;
+  if (!weight_map(mb, op, "W2", W, E, K, f, BK)) return false;
 
-  Params p{};
-  p.offsets = off;
-  p.E = static_cast<int32_t>(E);
-  p.R = static_cast<int32_t>(R);
-  p.N = static_cast<int32_t>(f);
-  p.K = static_cast<int32_t>(K);
-  p.n_units = static_cast<int32_t>(tiles);
-  p.out = dh13;
+  Params p = row_params(off, E, R, f, K, tiles, dh13);
   p.wp = wp;
   p.h13 = h13;
   p.part = part;
-  p.fault = fault_injection();
   launch_cfg<Mode::kDgradSwiglu>(op, ma, mb, ma, p, max_units, ctx, bn, 1);
   const int threads = 256;
   const int blocks = static_cast<int>(std::min<int64_t>((R + threads - 1) / threads, 4096));
@@ -1119,14 +1109,9 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
   if (max_units > INT32_MAX) return false;
 
   // dy [R, M] and x [R, N], both read as 64 (M or N) x 64 (rows) boxes: M/N-major operands.
-  const cuuint32_t box[2] = {64, BK};
+  static_assert(BK == 64, "the wgrad operand boxes are BK wide along M / N");
   auto operand_maps = [&](const WgradRows& r, CUtensorMap& ma, CUtensorMap& mb) {
-    const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(r.R)};
-    const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(M) * 2};
-    const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(r.R)};
-    const cuuint64_t b_strides[1] = {static_cast<cuuint64_t>(N) * 2};
-    return make_map(ma, op, "dy", r.dy, 2, a_dims, a_strides, box) &&
-           make_map(mb, op, "x", r.x, 2, b_dims, b_strides, box);
+    return rows_map(ma, op, "dy", r.dy, M, r.R, BK) && rows_map(mb, op, "x", r.x, N, r.R, BK);
   };
   // dW [E, M, N] fp32, added to (or stored) in 16-column x 64-row boxes.
   const cuuint64_t c_dims[3] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};

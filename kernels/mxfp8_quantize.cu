@@ -1,13 +1,16 @@
 // MXFP8 quantiser (CPU twin: src/mxfp8/quantize.cpp; rules: include/mxtrain/mxfp8.hpp).
 //
-// One block of 128 threads (4 warps) owns a 32-row x 128-column tile of one batch entry: it reads the tile
-// once into shared memory in x's own type (16-byte loads and stores where the row length allows), then warp w,
-// lane i quantises
-//   rowwise:    row i, columns [32w, 32w + 32) of the tile -> 32 contiguous output bytes + 1 scale
-//   columnwise: column 32w + i, rows [0, 32)              -> 32 contiguous output bytes (transposed copy) + 1 scale
-// so each lane writes one full 32-byte sector per block. The shared tile's rows are padded by 16 bytes, which
-// keeps the chunk stores, the row walk and the column walk free of bank conflicts (and a bf16 tile is half the
-// fp32 one of sessions before 21, which ran as fast: the pass is at about 1.35 TB/s either way, docs/perf.md).
+// One block of 256 threads (8 warps) owns a 64-row x 128-column tile of one batch entry: it reads the tile once
+// into shared memory in x's own type (16-byte loads and stores where the row length allows), then thread t
+// quantises one block each way:
+//   rowwise:    row t / 4, columns [32 (t % 4), +32)  -> 32 codes + 1 scale
+//   columnwise: column t % 128, rows [32 (t / 128), +32) -> 32 codes (transposed copy) + 1 scale
+// into shared staging buffers, from which the block writes whole sectors: each tile row's 128 rowwise codes and
+// each column's 64 columnwise codes as contiguous 16-byte pieces, a row's 4 scales as one word where aligned.
+// Until session 22 each lane stored its 32 codes as two 16-byte halves of a sector and its scale as a single byte,
+// from 32-row tiles: both copies of 8x7B's dh13 took 1.415 ms (1.33 TB/s); whole-sector stores take 0.790 ms
+// (2.38 TB/s; docs/perf.md). The shared rows are padded by 16 bytes: the chunk stores, both walks and the staging
+// stores are free of bank conflicts.
 //
 // The scale rule is the shared integer code (scale_from_amax_bits); elements are x * 2^(127-e) (an exact fp32
 // product: __fmul_rn, no flush-to-zero) clamped to +-max and rounded by the hardware cvt.rn.satfinite. The
@@ -27,7 +30,7 @@ namespace mxt::mxfp8 {
 
 namespace {
 
-constexpr int kTileR = 32, kTileC = 128, kThreads = 128;
+constexpr int kTileR = 64, kTileC = 128, kThreads = 256;
 
 struct Out {
   uint8_t* data;  // null: this copy is not wanted
@@ -56,14 +59,12 @@ __device__ __forceinline__ uint32_t cvt4(float a, float b, float c, float d, For
 #endif
 }
 
-// One 32-element block: scale + 32 bytes to out (16-byte aligned).
-__device__ __forceinline__ void quantize_block(const float (&v)[kBlock], Format f, uint8_t* out, uint8_t* scale) {
+// One 32-element block: its scale (returned) and its 32 codes in w (byte j of the block in byte j % 4 of w[j / 4]).
+__device__ __forceinline__ uint8_t quantize_codes(const float (&v)[kBlock], Format f, uint32_t (&w)[8]) {
   uint32_t amax = 0;
 #pragma unroll
   for (int j = 0; j < kBlock; ++j) amax = max(amax, abs_bits(v[j]));
   const uint8_t e = scale_from_amax_bits(amax, f);
-  *scale = e;
-  uint32_t w[8];
   if (e == 0xFF) {
 #pragma unroll
     for (int q = 0; q < 8; ++q) w[q] = 0x01010101u * kNaNCode;
@@ -74,6 +75,11 @@ __device__ __forceinline__ void quantize_block(const float (&v)[kBlock], Format 
       w[q] = cvt4(__fmul_rn(v[4 * q], m), __fmul_rn(v[4 * q + 1], m), __fmul_rn(v[4 * q + 2], m),
                   __fmul_rn(v[4 * q + 3], m), f);
   }
+  return e;
+}
+
+// The codes to out (shared or global, 16-byte aligned).
+__device__ __forceinline__ void store_codes(const uint32_t (&w)[8], uint8_t* out) {
   uint4* o = reinterpret_cast<uint4*>(out);
   o[0] = make_uint4(w[0], w[1], w[2], w[3]);
   o[1] = make_uint4(w[4], w[5], w[6], w[7]);
@@ -125,13 +131,15 @@ __device__ __forceinline__ void quantize_block_values(const float (&v)[kBlock], 
   }
 }
 
-// The shared tile in x's own element type, each row padded by 16 bytes: the loads' 16-byte chunk stores (a warp
-// writes 512 contiguous bytes), the rowwise walk (lane = row, 16-byte loads 16 bytes apart in bank terms) and the
-// column walk (lane = column) are all free of bank conflicts.
+// The shared tile in x's own element type plus the staged codes and scales. Rows padded by 16 bytes.
 template <typename T>
 struct Tile {
   static constexpr int kV = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte chunk
   alignas(16) T e[kTileR][kTileC + kV];
+  alignas(16) uint8_t rcodes[kTileR][kTileC + 16];  // rowwise codes, in the output's layout
+  alignas(16) uint8_t ccodes[kTileC][kTileR + 16];  // columnwise codes: a column's 64 codes contiguous
+  uint8_t rscale[kTileR][kTileC / kBlock];
+  uint8_t cscale[kTileC][kTileR / kBlock];
 };
 
 // 8 bf16 (one 16-byte chunk) -> 8 floats, exactly.
@@ -145,20 +153,24 @@ __device__ __forceinline__ void widen8(const uint4& u, float* o) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 3)  // 3 blocks (768 threads) per SM: at most 80 registers, no spills
     quantize_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t row_tiles, bool vec_ok, Out rw,
                     Out cw) {
   constexpr int V = Tile<T>::kV;
-  __shared__ Tile<T> tile;
+  extern __shared__ uint4 smem_raw[];
+  Tile<T>& tile = *reinterpret_cast<Tile<T>*>(smem_raw);
   const int64_t b = blockIdx.z;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileC;
   const T* xb = x + b * rows * cols;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = threadIdx.x;
+  const int64_t tcols = cols - c0 < kTileC ? cols - c0 : kTileC;  // this tile's columns (a multiple of 32 where
+                                                                   // a copy is made)
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
     const int64_t r0 = rt * kTileR;
+    const int64_t trows = rows - r0 < kTileR ? rows - r0 : kTileR;
     if (vec_ok) {  // cols % V == 0 and x 16-byte aligned: a chunk is all in or all out
       constexpr int CH = kTileC / V;
-      for (int idx = threadIdx.x; idx < kTileR * CH; idx += kThreads) {
+      for (int idx = t; idx < kTileR * CH; idx += kThreads) {
         const int i = idx / CH, ch = idx % CH;
         const int64_t r = r0 + i, c = c0 + ch * V;
         const uint4 u = r < rows && c < cols ? __ldg(reinterpret_cast<const uint4*>(xb + r * cols + c))
@@ -166,7 +178,7 @@ __global__ void __launch_bounds__(kThreads)
         *reinterpret_cast<uint4*>(&tile.e[i][ch * V]) = u;
       }
     } else {
-      for (int idx = threadIdx.x; idx < kTileR * kTileC; idx += kThreads) {
+      for (int idx = t; idx < kTileR * kTileC; idx += kThreads) {
         const int i = idx / kTileC, j = idx % kTileC;
         const int64_t r = r0 + i, c = c0 + j;
         tile.e[i][j] = (r < rows && c < cols) ? xb[r * cols + c] : T(0.f);
@@ -174,36 +186,71 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     float v[kBlock];
-    const int64_t cb = c0 + 32 * warp;  // this warp's 32-column slice
-    if ((rw.data || rw.values) && r0 + lane < rows && cb < cols) {  // rowwise: cols % 32 == 0: the slice is whole
-      const int64_t r = r0 + lane;
-      if constexpr (V == 8) {
+    uint32_t w[8];
+    {  // rowwise: row i, block k (cols % 32 == 0: a block inside the tile is whole)
+      const int i = t / 4, k = t % 4;
+      if ((rw.data || rw.values) && i < trows && 32 * k < tcols) {
+        if constexpr (V == 8) {
 #pragma unroll
-        for (int q = 0; q < kBlock / 8; ++q) widen8(*reinterpret_cast<const uint4*>(&tile.e[lane][32 * warp + 8 * q]), v + 8 * q);
-      } else {
+          for (int q = 0; q < kBlock / 8; ++q)
+            widen8(*reinterpret_cast<const uint4*>(&tile.e[i][32 * k + 8 * q]), v + 8 * q);
+        } else {
 #pragma unroll
-        for (int q = 0; q < kBlock / 4; ++q) {
-          const float4 f4 = *reinterpret_cast<const float4*>(&tile.e[lane][32 * warp + 4 * q]);
-          v[4 * q] = f4.x;
-          v[4 * q + 1] = f4.y;
-          v[4 * q + 2] = f4.z;
-          v[4 * q + 3] = f4.w;
+          for (int q = 0; q < kBlock / 4; ++q) {
+            const float4 f4 = *reinterpret_cast<const float4*>(&tile.e[i][32 * k + 4 * q]);
+            v[4 * q] = f4.x;
+            v[4 * q + 1] = f4.y;
+            v[4 * q + 2] = f4.z;
+            v[4 * q + 3] = f4.w;
+          }
+        }
+        if (rw.values) {
+          quantize_block_values(v, rw.fmt, rw.values + (b * rows + r0 + i) * cols + c0 + 32 * k);
+        } else {
+          tile.rscale[i][k] = quantize_codes(v, rw.fmt, w);
+          store_codes(w, &tile.rcodes[i][32 * k]);
         }
       }
-      if (rw.values)
-        quantize_block_values(v, rw.fmt, rw.values + (b * rows + r) * cols + cb);
-      else
-        quantize_block(v, rw.fmt, rw.data + (b * rows + r) * cols + cb,
-                       rw.scales + (b * rows + r) * (cols / kBlock) + cb / kBlock);
     }
-    if (cw.data && cb + lane < cols) {  // columnwise: rows % 32 == 0, so the 32 rows are whole
-      const int64_t c = cb + lane;
+    {  // columnwise: column j, rows [32h, 32h + 32) (rows % 32 == 0: a block inside the tile is whole)
+      const int j = t % kTileC, h = t / kTileC;
+      if (cw.data && j < tcols && 32 * h < trows) {
 #pragma unroll
-      for (int j = 0; j < kBlock; ++j) v[j] = to_f32(tile.e[j][32 * warp + lane]);
-      quantize_block(v, cw.fmt, cw.data + (b * cols + c) * rows + r0,
-                     cw.scales + (b * cols + c) * (rows / kBlock) + r0 / kBlock);
+        for (int k = 0; k < kBlock; ++k) v[k] = to_f32(tile.e[32 * h + k][j]);
+        tile.cscale[j][h] = quantize_codes(v, cw.fmt, w);
+        store_codes(w, &tile.ccodes[j][32 * h]);
+      }
     }
-    __syncthreads();  // the tile is reloaded on the next row tile
+    __syncthreads();
+    if (rw.data) {  // each row's codes as 16-byte pieces (8 per 128 columns), its scales as one word if aligned
+      for (int idx = t; idx < kTileR * (kTileC / 16); idx += kThreads) {
+        const int i = idx / (kTileC / 16), ch = idx % (kTileC / 16);
+        if (i < trows && 16 * ch < tcols)
+          *reinterpret_cast<uint4*>(rw.data + (b * rows + r0 + i) * cols + c0 + 16 * ch) =
+              *reinterpret_cast<const uint4*>(&tile.rcodes[i][16 * ch]);
+      }
+      if (t < trows) {
+        uint8_t* s = rw.scales + (b * rows + r0 + t) * (cols / kBlock) + c0 / kBlock;
+        if (tcols == kTileC && reinterpret_cast<uintptr_t>(s) % 4 == 0) {
+          *reinterpret_cast<uint32_t*>(s) = *reinterpret_cast<const uint32_t*>(&tile.rscale[t][0]);
+        } else {
+          for (int k = 0; 32 * k < tcols; ++k) s[k] = tile.rscale[t][k];
+        }
+      }
+    }
+    if (cw.data) {  // each column's codes as 16-byte pieces (4 per 64 rows), its 2 scales
+      for (int idx = t; idx < kTileC * (kTileR / 16); idx += kThreads) {
+        const int j = idx / (kTileR / 16), ch = idx % (kTileR / 16);
+        if (j < tcols && 16 * ch < trows)
+          *reinterpret_cast<uint4*>(cw.data + (b * cols + c0 + j) * rows + r0 + 16 * ch) =
+              *reinterpret_cast<const uint4*>(&tile.ccodes[j][16 * ch]);
+      }
+      if (t < tcols) {
+        uint8_t* s = cw.scales + (b * cols + c0 + t) * (rows / kBlock) + r0 / kBlock;
+        for (int h = 0; 32 * h < trows; ++h) s[h] = tile.cscale[t][h];
+      }
+    }
+    __syncthreads();  // the tile and the staging are reused on the next row tile
   }
 }
 
@@ -267,12 +314,21 @@ void launch_quantize(CudaOps& ops, const char* op, const Tensor& x, const MxView
                colwise ? colwise->format : Format::E4M3, nullptr};
   const bool aligned = reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
   cudaStream_t st = ops.ctx().stream;
+  // Shared memory above the 48 KiB default (the fp32 tile): opted in once per instantiation.
+  static const bool opted = [&] {
+    cuda::check(cudaFuncSetAttribute(quantize_kernel<cuda::bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(sizeof(Tile<cuda::bf16>))), op, "cudaFuncSetAttribute");
+    cuda::check(cudaFuncSetAttribute(quantize_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(sizeof(Tile<float>))), op, "cudaFuncSetAttribute");
+    return true;
+  }();
+  (void)opted;
   if (x.dtype == DType::BF16) {
-    quantize_kernel<cuda::bf16><<<grid, kThreads, 0, st>>>(static_cast<const cuda::bf16*>(x.data), rows, cols,
-                                                           row_tiles, aligned && cols % 8 == 0, rw, cw);
+    quantize_kernel<cuda::bf16><<<grid, kThreads, sizeof(Tile<cuda::bf16>), st>>>(
+        static_cast<const cuda::bf16*>(x.data), rows, cols, row_tiles, aligned && cols % 8 == 0, rw, cw);
   } else {
-    quantize_kernel<float><<<grid, kThreads, 0, st>>>(static_cast<const float*>(x.data), rows, cols, row_tiles,
-                                                      aligned && cols % 4 == 0, rw, cw);
+    quantize_kernel<float><<<grid, kThreads, sizeof(Tile<float>), st>>>(
+        static_cast<const float*>(x.data), rows, cols, row_tiles, aligned && cols % 4 == 0, rw, cw);
   }
   cuda::check_launch(op);
 }

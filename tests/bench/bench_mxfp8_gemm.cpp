@@ -17,7 +17,7 @@
 // with the baseline kernel's on the device (relative L2; wgrad from zeroed dW on both sides).
 // Timing: CUDA events, warm-up, median of --runs runs, each after a 256 MiB memset that evicts L2.
 //
-// Usage: bench_mxfp8_gemm [--runs N] [--no-baseline]
+// Usage: bench_mxfp8_gemm [--runs N] [--no-baseline] [--quantiser-only]
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -172,13 +172,14 @@ struct Row {
 
 int main(int argc, char** argv) {
   int runs = 15;
-  bool with_baseline = true;
+  bool with_baseline = true, quantiser_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--runs" && i + 1 < argc) runs = std::atoi(argv[++i]);
     else if (a == "--no-baseline") with_baseline = false;
+    else if (a == "--quantiser-only") quantiser_only = true;
     else {
-      std::fprintf(stderr, "usage: %s [--runs N] [--no-baseline]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--runs N] [--no-baseline] [--quantiser-only]\n", argv[0]);
       return 2;
     }
   }
@@ -253,6 +254,10 @@ int main(int argc, char** argv) {
       std::printf("  values + columnwise codes %.3f ms  %6.0f GB/s  (%.2fx the two passes)\n", tv.median_ms,
                   n * 5 / (tv.median_ms * 1e6), (tc.median_ms + td.median_ms) / tv.median_ms);
       std::fflush(stdout);
+    }
+    if (quantiser_only) {
+      ops.release(flush);
+      return 0;
     }
 
     // cuBLASLt scale tensors: ones, sized for the largest 1x128 layout of any operand here.
