@@ -29,11 +29,14 @@
 // ceil(N/BN) output tiles, the fastest index along the smaller of M, N (so the CTAs in flight share operands in
 // L2). CTA b takes items b, b + gridDim.x, ...; producer and consumers derive the same sequence.
 //
-// Clusters of 2 (kCl = 2, optional): the two CTAs of a cluster take the same item with adjacent n-tiles, so they
-// share the A tile; each loads one 64-row half of it and multicasts it to both (A traffic from L2 halves: 40 KiB
-// instead of 48 KiB per k-block and CTA at BN = 256). A stage is then written by both CTAs' TMA, so its empty
-// barrier counts the consumer warps of both CTAs (remote arrivals), and the CTAs sync as a cluster after
-// initialising the barriers and before exiting.
+// Clusters of 2 (kCl = 2, optional). Forward / dgrad: the two CTAs of a cluster take adjacent m-tiles of one
+// expert with the same n-tile, so they share the weight tile B; each loads one half of it and multicasts it to
+// both (32 KiB instead of 48 KiB from L2 per k-block and CTA at BN = 256, as cuBLASLt's 2x1 clusters do). An
+// expert with an odd number of m-tiles leaves the second CTA of its last pair without rows: it still loads and
+// multiplies (its peer needs its half of B) but stores nothing. Wgrad: the CTAs take adjacent n-tiles of one
+// output tile row and share the A tile (dy's columns) the same way. A stage is then written by both CTAs' TMA, so
+// its empty barrier counts the consumer warps of both CTAs (remote arrivals), and the CTAs sync as a cluster
+// after initialising the barriers and before exiting.
 //
 // Expert boundaries: forward / dgrad load 128 rows from the tile's first row even past the expert's end (they
 // belong to the next expert, or are zero-filled past R); each output row depends only on its own input row,
@@ -211,7 +214,8 @@ struct Item {
   int32_t nk;            // k-blocks (wgrad: over all row sets)
 };
 
-// kCl CTAs (cluster ranks) share a unit: rank r takes n-tile unit * kCl + r.
+// kCl CTAs (cluster ranks) share a unit: wgrad: rank r takes n-tile unit * kCl + r; forward / dgrad: m-tile
+// unit * kCl + r of the unit's n-tile.
 template <Mode kMode, int BN, int kCl>
 __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int item, int& e, int rank) {
   while (item >= sc.cum[e + 1]) ++e;  // items of one CTA increase, so the expert only moves forward
@@ -226,11 +230,11 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
     it.row0 = sc.lo[e];
     it.row_hi = sc.hi[e];
     it.nk = sc.mtiles[e];
-  } else {
-    const int mte = sc.mtiles[e];
-    it.row0 = sc.lo[e] + (local % mte) * BM;
+  } else {  // a unit is kCl adjacent m-tiles (rank r takes the r-th) of one n-tile
+    const int groups = (sc.mtiles[e] + kCl - 1) / kCl;
+    it.row0 = sc.lo[e] + ((local % groups) * kCl + rank) * BM;
     it.row_hi = sc.hi[e];
-    it.n0 = ((local / mte) * kCl + rank) * kItemCols<kMode, BN>;
+    it.n0 = (local / groups) * kItemCols<kMode, BN>;
     it.m0 = 0;
     it.nk = (p.K + BK - 1) / BK;
   }
@@ -257,18 +261,19 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
     const Item it = decode<kMode, BN, kCl>(sc, p, item, e, rank);
     SetCursor cur;
     for (int kb = 0; kb < it.nk; ++kb) {
-      mbar_wait<(kCl > 1)>(&empty[s], phase ^ 1u);
+      mbar_wait(&empty[s], phase ^ 1u);
       mbar_arrive_expect_tx(&full[s], C::kStageA + C::kStageB);
       const uint32_t a = smem + s * C::kStageA, b = smem + C::kOffB + s * C::kStageB;
       const uint32_t bar = smem_u32(&full[s]);
       const int32_t k0 = kb * BK;
-      if constexpr (kCl > 1 && kMode != Mode::kWgrad) {
-        // This CTA's 64-row half of the shared A tile, to the same offset in both CTAs.
-        tma_load_2d_multicast(a + rank * kChunk, mA, bar, k0, it.row0 + 64 * rank, 0x3);
-      }
       if constexpr (kMode == Mode::kFwd) {
-        if constexpr (kCl == 1) tma_load_2d(a, mA, bar, k0, it.row0);  // x rows [row0, row0 + 128), k [k0, +64)
-        tma_load_3d(b, mB, bar, k0, it.n0, it.e);    // W[e] rows [n0, n0 + BN), k [k0, k0 + 64)
+        tma_load_2d(a, mA, bar, k0, it.row0);  // x rows [row0, row0 + 128), k [k0, +64)
+        if constexpr (kCl == 1) {
+          tma_load_3d(b, mB, bar, k0, it.n0, it.e);  // W[e] rows [n0, n0 + BN), k [k0, k0 + 64)
+        } else {  // this CTA's BN/2 rows of the shared W tile, to the same offset in both CTAs
+          constexpr int kHalf = BN / 2;
+          tma_load_3d_multicast(b + rank * kHalf * BK * 2, mB, bar, k0, it.n0 + rank * kHalf, it.e, 0x3);
+        }
       } else if constexpr (kMode == Mode::kFwdSwiglu) {
         // Gate rows [n0, n0 + BN/2) then up rows [f + n0, ...) (f = p.N): the two halves of one BN-row tile,
         // laid out as a single BN-row box would be (the swizzle repeats every 8 rows). Gate rows past f are up
@@ -277,10 +282,17 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
         tma_load_3d(b, mB, bar, k0, it.n0, it.e);
         tma_load_3d(b + (BN / 2) * BK * 2, mB, bar, k0, p.N + it.n0, it.e);
       } else if constexpr (kMode == Mode::kDgrad || kMode == Mode::kDgradSwiglu) {
-        if constexpr (kCl == 1) tma_load_2d(a, mA, bar, k0, it.row0);  // dy rows [row0, row0 + 128), k [k0, +64)
+        tma_load_2d(a, mA, bar, k0, it.row0);  // dy rows [row0, row0 + 128), k [k0, +64)
+        if constexpr (kCl == 1) {
 #pragma unroll
-        for (int c = 0; c < BN / 64; ++c)            // W[e] k-rows [k0, k0 + 64), columns n0 + 64c ...
-          tma_load_3d(b + c * kChunk, mB, bar, it.n0 + 64 * c, k0, it.e);
+          for (int c = 0; c < BN / 64; ++c)  // W[e] k-rows [k0, k0 + 64), columns n0 + 64c ...
+            tma_load_3d(b + c * kChunk, mB, bar, it.n0 + 64 * c, k0, it.e);
+        } else {  // this CTA's half of the shared W boxes, to the same offsets in both CTAs
+          constexpr int kHalf = BN / 128;
+#pragma unroll
+          for (int c = rank * kHalf; c < (rank + 1) * kHalf; ++c)
+            tma_load_3d_multicast(b + c * kChunk, mB, bar, it.n0 + 64 * c, k0, it.e, 0x3);
+        }
       } else {
         int valid;
         const int32_t r0 = cur.next(sc, p.E, it.e, valid);  // expert rows [r0, r0 + 64) of row set cur.s
@@ -403,7 +415,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
       mbar_arrive(&empty[stage]);
     } else {
 #pragma unroll
-      for (int r = 0; r < kCl; ++r) mbar_arrive_cluster(map_to_cta(smem_u32(&empty[stage]), r));
+      for (int r = 0; r < kCl; ++r) mbar_arrive_remote(map_to_cta(smem_u32(&empty[stage]), r));
     }
   };
   for (int item = unit0; item < total; item += units_stride) {
@@ -687,7 +699,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       const int32_t mt = (hi - lo + BM - 1) / BM;
       sc.mtiles[e] = mt;
-      sc.cum[e + 1] = mt * p.n_units;
+      sc.cum[e + 1] = (mt + kCl - 1) / kCl * p.n_units;
     }
   }
   if (tid == 0) {
@@ -895,6 +907,9 @@ void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CU
       n = ctx.num_sms;
     }
     if (n < 1) cuda::fail(op, "no cluster of " + std::to_string(kCl) + " CTAs fits on the device");
+    if (std::getenv("MXTRAIN_GG_VERBOSE") != nullptr)
+      std::fprintf(stderr, "%s: sm90 kernel mode %d, tile 128 x %d, cluster %d: %d co-resident, %d B shared\n", op,
+                   static_cast<int>(kMode), BN, kCl, n, smem_bytes<BN>());
     slots.store(n);
   }
   // Clusters scale down with the SMs left to a concurrent collective.
@@ -973,15 +988,15 @@ bool try_rows(const char* op, const bf16* in, const bf16* W, const int32_t* off,
   if (!aligned(in, 16) || !aligned(W, 16) || !aligned(out, 16)) return false;  // TMA bases, 16-byte stores
   const int bn = tile_n(), cl = cluster_size();
   const int64_t N = kMode == Mode::kFwd ? w_out : w_in, K = kMode == Mode::kFwd ? w_in : w_out;
-  const int64_t n_units = ((N + bn - 1) / bn + cl - 1) / cl;
-  const int64_t max_units = row_units(R, E, n_units);
+  const int64_t n_units = (N + bn - 1) / bn;
+  const int64_t max_units = row_units(R, E, n_units);  // clusters: at most this many pairs of m-tiles
   if (max_units > INT32_MAX) return false;
 
   CUtensorMap ma, mb;
-  // Clusters: each CTA loads a half of the rows.
-  if (!rows_map(ma, op, kMode == Mode::kFwd ? "x" : "dy", in, K, R, BM / cl)) return false;
-  // Forward: boxes of BN W rows x 64 k (K-major). Dgrad: 64 k-rows x 64 columns, BN/64 boxes per stage.
-  if (!weight_map(mb, op, "W", W, E, w_out, w_in, kMode == Mode::kFwd ? bn : BK)) return false;
+  if (!rows_map(ma, op, kMode == Mode::kFwd ? "x" : "dy", in, K, R, BM)) return false;
+  // Forward: boxes of BN W rows x 64 k (K-major; clusters: each CTA loads BN/2 of them). Dgrad: 64 k-rows x 64
+  // columns, BN/64 boxes per stage.
+  if (!weight_map(mb, op, "W", W, E, w_out, w_in, kMode == Mode::kFwd ? bn / cl : BK)) return false;
 
   Params p = row_params(off, E, R, N, K, n_units, out);
   CUtensorMap mc = ma;

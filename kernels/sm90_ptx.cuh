@@ -50,24 +50,11 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-// Cluster-scope acquire: for a producer whose empty barrier also counts the peer CTA's consumers.
-__device__ __forceinline__ bool mbar_try_wait_cluster(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n\t.reg .pred p;\n\t"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-      "selp.u32 %0, 1, 0, p;\n\t}"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
 // Waits for the phase; a wait longer than 10 s means a protocol bug (a missing arrival or a transaction
 // count that never completes): trap, so the launch fails with an error instead of hanging the device.
-template <bool kClusterScope = false>
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   const uint32_t a = smem_u32(bar);
-  auto try_wait = [&] { return kClusterScope ? mbar_try_wait_cluster(a, parity) : mbar_try_wait(a, parity); };
+  auto try_wait = [&] { return mbar_try_wait(a, parity); };
   if (try_wait()) return;
   const uint64_t t0 = globaltimer_ns();
   uint32_t spins = 0;
@@ -93,8 +80,12 @@ __device__ __forceinline__ uint32_t map_to_cta(uint32_t addr, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
   return r;
 }
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
+// An arrival on a barrier of another CTA of the cluster, with the default .release.cta semantics (as CUTLASS's
+// ClusterBarrier::arrive(cta_id)): what it must order, this CTA's wgmma reads of the stage, is complete before the
+// consumer arrives. The .release.cluster form costs a MEMBAR.ALL.GPU per arrival (SASS, session 22), which made
+// the 2-CTA grouped GEMMs run at 0.5-0.6 of the 1-CTA ones.
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
 }
 
 // ---- proxy fences ----------------------------------------------------------------------------------------
@@ -126,6 +117,16 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
       "[%2];" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// The same box into the same offset of every CTA in cta_mask; each destination's mbarrier at `bar` gets the bytes.
+__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int32_t c0,
+                                                      int32_t c1, int32_t c2, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+      "{%3, %4, %5}], [%2], %6;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
       : "memory");
 }
 

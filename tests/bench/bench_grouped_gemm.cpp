@@ -5,7 +5,7 @@
 //   dense   one cuBLASLt GEMM of equal FLOPs and equal output semantics (bf16 out; wgrad: f32 out, beta = 1)
 //   loop    one cuBLASLt GEMM per expert on its rows (counts known on the host: fine for a reference)
 //   sm90    the TMA + wgmma grouped kernels, block tile 128 x 256 and 128 x 128, clusters of 1 and 2 CTAs
-//           (c2: CTA pairs share the A tile through TMA multicast)
+//           (c2: CTA pairs share the weight tile (forward, dgrad) or the dy tile (wgrad) through TMA multicast)
 //   wmma    the fallback grouped kernels (fewer runs: slow)
 //   + SwiGLU the forward x@W13^T with SwiGLU x routing weight in its epilogue, and the dgrad dy@W2 with the SwiGLU
 //           backward in its epilogue, each beside the unfused GEMM + swiglu kernel pair (same FLOPs counted)

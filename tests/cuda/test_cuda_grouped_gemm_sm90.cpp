@@ -1,7 +1,7 @@
 // The Hopper grouped expert GEMMs (grouped_gemm_sm90.cu: TMA + wgmma) against the CPU twin and against the
-// wmma kernels, in all four configurations (block-tile width BN 256 / 128, clusters of 1 / 2 CTAs sharing A by
-// TMA multicast), at shapes that hit every edge: loads that are not
-// multiples of the 128-row tile, empty experts, padding rows (filled with NaN in the inputs: the kernels must
+// wmma kernels, in all four configurations (block-tile width BN 256 / 128, clusters of 1 / 2 CTAs sharing a tile
+// by TMA multicast: pairs of m-tiles, the second often without rows, in the forward and dgrad), at shapes that hit
+// every edge: loads that are not multiples of the 128-row tile, empty experts, padding rows (filled with NaN in the inputs: the kernels must
 // neither store them nor let them into dW), output widths that are not multiples of BN, contraction lengths
 // that are not multiples of 64, more work items than SMs (the persistent loop and the barrier phases wrap),
 // more than 32 experts (the on-device schedule scan), and operands the sm90 path must refuse (misaligned views).
