@@ -7,6 +7,9 @@
 //   columnwise: column t % 128, rows [32 (t / 128), +32) -> 32 codes (transposed copy) + 1 scale
 // into shared staging buffers, from which the block writes whole sectors: each tile row's 128 rowwise codes and
 // each column's 64 columnwise codes as contiguous 16-byte pieces, a row's 4 scales as one word where aligned.
+// With a values output (mx_quantize_values) the rowwise copy leaves as the bf16 values of its staged codes, 16 per
+// thread, consecutive threads on adjacent 32-byte pieces of a row (until session 22 each thread wrote its block's
+// 64 bytes of values straight from the row walk, 8 threads per 256-byte row segment).
 // Until session 22 each lane stored its 32 codes as two 16-byte halves of a sector and its scale as a single byte,
 // from 32-row tiles: both copies of 8x7B's dh13 took 1.415 ms (1.33 TB/s); whole-sector stores take 0.790 ms
 // (2.38 TB/s; docs/perf.md). The shared rows are padded by 16 bytes: the chunk stores, both walks and the staging
@@ -98,32 +101,26 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// One block's 32 values as the bf16 values of its codes (decode(q) * scale, as the dequantiser computes them) to
-// out (16-byte aligned): the codes never reach memory. A NaN block's values are the dequantiser's NaN.
-__device__ __forceinline__ void quantize_block_values(const float (&v)[kBlock], Format f, cuda::bf16* out) {
-  uint32_t amax = 0;
-#pragma unroll
-  for (int j = 0; j < kBlock; ++j) amax = max(amax, abs_bits(v[j]));
-  const uint8_t e = scale_from_amax_bits(amax, f);
+// 16 staged codes of one block (scale code e) -> their bf16 values at out (16-byte aligned), as the dequantiser
+// computes them (decode(q) * scale): the codes never reach memory. A NaN block's values are the dequantiser's NaN.
+__device__ __forceinline__ void values16(const uint8_t* codes, uint8_t e, Format f, cuda::bf16* out) {
   const float s = scale_value(e);
   uint4* o = reinterpret_cast<uint4*>(out);
   if (e == 0xFF) {
     const float nan = decode(kNaNCode, f) * s;
     const uint32_t w = pack_bf16(nan, nan);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) o[q] = make_uint4(w, w, w, w);
+    o[0] = o[1] = make_uint4(w, w, w, w);
     return;
   }
-  const float m = quant_multiplier(e);
+  const uint4 c = *reinterpret_cast<const uint4*>(codes);
+  const uint32_t cw[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {  // 8 values per 16-byte store
+  for (int q = 0; q < 2; ++q) {  // 8 values per 16-byte store
     uint32_t w[4];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int j = 8 * q + 4 * h;
-      const uint32_t c = cvt4(__fmul_rn(v[j], m), __fmul_rn(v[j + 1], m), __fmul_rn(v[j + 2], m),
-                              __fmul_rn(v[j + 3], m), f);
-      const float2 lo = widen2(c, f), hi = widen2(c >> 16, f);
+      const uint32_t c4 = cw[2 * q + h];
+      const float2 lo = widen2(c4, f), hi = widen2(c4 >> 16, f);
       w[2 * h] = pack_bf16(lo.x * s, lo.y * s);
       w[2 * h + 1] = pack_bf16(hi.x * s, hi.y * s);
     }
@@ -204,12 +201,8 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks (768 threads) per SM
             v[4 * q + 3] = f4.w;
           }
         }
-        if (rw.values) {
-          quantize_block_values(v, rw.fmt, rw.values + (b * rows + r0 + i) * cols + c0 + 32 * k);
-        } else {
-          tile.rscale[i][k] = quantize_codes(v, rw.fmt, w);
-          store_codes(w, &tile.rcodes[i][32 * k]);
-        }
+        tile.rscale[i][k] = quantize_codes(v, rw.fmt, w);
+        store_codes(w, &tile.rcodes[i][32 * k]);
       }
     }
     {  // columnwise: column j, rows [32h, 32h + 32) (rows % 32 == 0: a block inside the tile is whole)
@@ -236,6 +229,14 @@ __global__ void __launch_bounds__(kThreads, 3)  // 3 blocks (768 threads) per SM
         } else {
           for (int k = 0; 32 * k < tcols; ++k) s[k] = tile.rscale[t][k];
         }
+      }
+    }
+    if (rw.values) {  // each row's values, 16 codes (32 bytes of bf16) per thread, consecutive threads adjacent
+      for (int idx = t; idx < kTileR * (kTileC / 16); idx += kThreads) {
+        const int i = idx / (kTileC / 16), ch = idx % (kTileC / 16);
+        if (i < trows && 16 * ch < tcols)
+          values16(&tile.rcodes[i][16 * ch], tile.rscale[i][ch / 2], rw.fmt,
+                   rw.values + (b * rows + r0 + i) * cols + c0 + 16 * ch);
       }
     }
     if (cw.data) {  // each column's codes as 16-byte pieces (4 per 64 rows), its 2 scales

@@ -52,9 +52,9 @@ MxRows mx_quantize_rows(Ops& ops, const Tensor& x, int64_t rows, int64_t cols, m
                         const Tensor* values_buf, const mxfp8::MxView* colwise);
 // The operand's values: a's own, or its codes dequantised into buf.
 Tensor mx_values(Ops& ops, const MxRows& a, const Tensor& buf);
-// Whether hopper_gemm=bf16 quantises activations straight to rowwise values (env MXTRAIN_MX_ROW_VALUES=1), or
-// writes their rowwise codes and dequantises them per GEMM (default: 1.7-3.6% faster end to end on an H200, as
-// the quantiser writing values runs at 0.72-0.85x the two passes; docs/perf.md). The same numbers either way.
+// Whether hopper_gemm=bf16 quantises activations straight to rowwise values (default, env MXTRAIN_MX_ROW_VALUES=1),
+// or writes their rowwise codes and dequantises them per GEMM (MXTRAIN_MX_ROW_VALUES=0). The same numbers either
+// way; since session 22's staged values the one pass runs at 1.05x the two, +0.9% end to end (docs/perf.md).
 bool mx_row_values();
 // Overrides the env var in this process: 1 = values, 0 = codes, -1 = back to the env var (tests).
 void set_mx_row_values(int on);

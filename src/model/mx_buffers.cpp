@@ -83,8 +83,8 @@ bool mx_row_values() {
   if (o >= 0) return o == 1;
   static const bool v = [] {
     const char* s = std::getenv("MXTRAIN_MX_ROW_VALUES");
-    if (s == nullptr || *s == 0 || std::string(s) == "0") return false;
-    if (std::string(s) == "1") return true;
+    if (s == nullptr || *s == 0 || std::string(s) == "1") return true;
+    if (std::string(s) == "0") return false;
     throw std::invalid_argument(std::string("MXTRAIN_MX_ROW_VALUES must be 0 or 1, got '") + s + "'");
   }();
   return v;
