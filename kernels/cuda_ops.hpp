@@ -15,7 +15,7 @@
 //   mx_*                 quantise BF16 (or F32) x; GEMM C BF16 (or F32); wgrad C F32 (accumulate); I32 offsets
 //                        on the device (kernels/mxfp8_cuda.hpp does the work)
 //   swiglu               h13, a, da, dh13 BF16; wp, dwp F32
-//   lm_head_loss         h, W, dh BF16; labels I32; loss_sum F32; dW F32 (accumulate)
+//   lm_head_loss         h, W, dh, dlogits BF16; labels I32; loss_sum F32; dW F32 (accumulate)
 //   adamw_step           all F32 (adamw_step_to: working BF16 or F32)
 //   zero/copy/add/mul/scale: any float dtype (copy converts F32 <-> BF16); sum_squares: F32 or BF16 in, F32 acc
 #include <cstddef>
@@ -119,7 +119,8 @@ class CudaOps : public Ops {
                        const Tensor& dwp) override;
 
   void lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& labels, float grad_scale,
-                    const Tensor& loss_sum, const Tensor& dh, const Tensor& dW) override;
+                    const Tensor& loss_sum, const Tensor& dh, const Tensor& dW,
+                    const Tensor& dlogits = Tensor()) override;
 
   void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                   const AdamWStep& s) override;

@@ -6,7 +6,9 @@
 //   dh_chunk = Z @ W                   (BF16, overwrite)
 //   dW      += Z^T @ h_chunk           (F32, accumulate)
 // dW's fp32 read-add-write is once per chunk (1 GiB each at V = 128256, d = 2048), so chunks are as large as the
-// memory plan allows (the logits chunk is in the plan's scratch line).
+// memory plan allows (the logits chunk is in the plan's scratch line). With dlogits given, the logits of all T
+// rows are made in it (one chunk, no scratch) and left there as their gradient; the caller does the dW GEMM, over
+// several micro-batches' rows at once (lm_head_wgrad_micro_batches: one read-add-write of dW per group).
 // The per-row losses go to a [T] scratch and are summed in a fixed order by one block at the end, and one
 // thread adds the total to loss_sum[0]: deterministic, no float atomics.
 //
@@ -150,29 +152,34 @@ __global__ void loss_reduce_kernel(const float* __restrict__ row_loss, int64_t T
 }  // namespace
 
 void CudaOps::lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& labels, float grad_scale,
-                           const Tensor& loss_sum, const Tensor& dh, const Tensor& dW) {
+                           const Tensor& loss_sum, const Tensor& dh, const Tensor& dW, const Tensor& dlogits) {
   const char* op = "lm_head_loss";
   const int64_t T = labels.numel(), V = W.ndim ? W.shape[0] : 0;
   const int64_t d = V ? W.numel() / V : 0;
   if (V < 1) cuda::fail(op, "W must be [V, d], got " + W.shape_str());
   expect_rows(h, T, d, op, "h");
   cuda::expect_numel(loss_sum, 1, op, "loss_sum");
-  const bool grad = dh.numel() != 0;
+  const bool grad = dh.numel() != 0, keep = dlogits.numel() != 0;
+  if (keep && !grad) cuda::fail(op, "dlogits without dh: the logits' gradient is only made with the backward");
   if (grad) {
     expect_rows(dh, T, d, op, "dh");
-    expect_rows(dW, V, d, op, "dW");
+    if (keep) expect_rows(dlogits, T, V, op, "dlogits");
+    else expect_rows(dW, V, d, op, "dW");
   }
   cuda::bf16* hp = cuda::bf16p(h, op, "h");
   (void)cuda::bf16p(W, op, "W");
   const int32_t* lab = cuda::i32(labels, op, "labels");
   float* ls = cuda::f32(loss_sum, op, "loss_sum");
   cuda::bf16* dhp = grad ? cuda::bf16p(dh, op, "dh") : nullptr;
-  if (grad) (void)cuda::f32(dW, op, "dW");
+  if (grad && !keep) (void)cuda::f32(dW, op, "dW");
+  cuda::bf16* kept = keep ? cuda::bf16p(dlogits, op, "dlogits") : nullptr;
   if (T == 0) return;
 
-  const int64_t chunk = lm_head_chunk_rows(T, lm_head_chunk_);
-  cuda::bf16* logits = static_cast<cuda::bf16*>(
-      ctx().scratch("lm_head_loss.logits", static_cast<size_t>(chunk * V) * sizeof(cuda::bf16)));
+  // Kept logits: one chunk of all T rows, in dlogits (no scratch).
+  const int64_t chunk = keep ? T : lm_head_chunk_rows(T, lm_head_chunk_);
+  cuda::bf16* logits = keep ? kept
+                            : static_cast<cuda::bf16*>(ctx().scratch(
+                                  "lm_head_loss.logits", static_cast<size_t>(chunk * V) * sizeof(cuda::bf16)));
   float* row_loss = static_cast<float*>(ctx().scratch("lm_head_loss.row_loss", static_cast<size_t>(T) * sizeof(float)));
   cudaStream_t st = ctx().stream;
 
@@ -190,8 +197,8 @@ void CudaOps::lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& label
     cuda::check_launch(op);
     if (!grad) continue;
     const Tensor dhc(dhp + t0 * d, DType::BF16, {n, d}, Device::CUDA);
-    gemm(false, false, n, d, V, 1.f, Z, W, 0.f, dhc);  // dh_chunk = dZ @ W
-    gemm(true, false, V, d, n, 1.f, Z, hc, 1.f, dW);   // dW += dZ^T @ h_chunk
+    gemm(false, false, n, d, V, 1.f, Z, W, 0.f, dhc);     // dh_chunk = dZ @ W
+    if (!keep) gemm(true, false, V, d, n, 1.f, Z, hc, 1.f, dW);  // dW += dZ^T @ h_chunk
   }
   loss_reduce_kernel<<<1, kReduceThreads, 0, st>>>(row_loss, T, ls);
   cuda::check_launch(op);

@@ -107,7 +107,8 @@ class MixtralModel {
   // null when allocate=false.
   MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch, int64_t seq, const ParamLayout& layout,
                bool allocate = true, const ExpertParallel& ep = {}, const Fp8Config& fp8 = {},
-               bool recompute_experts = false, int64_t expert_wgrad_micro_batches = 1);
+               bool recompute_experts = false, int64_t expert_wgrad_micro_batches = 1,
+               int64_t lm_head_wgrad_micro_batches = 1);
 
   // Point the model at its weights and gradient buffers (flat, laid out by the ParamLayout). expert_w is in the
   // activation dtype, or, with fp8_config.enabled, may be F32 (the fp32 master: the experts then read only the
@@ -196,6 +197,11 @@ class MixtralModel {
   std::vector<Ops::WgradRowSet> held_sets(int l, Tensor HeldWgrad::*hdy, Tensor HeldWgrad::*hx) const;
   bool holds_wgrad() const { return wgrad_slot() + 1 < wgrad_group_ && mb_index_ + 1 < mb_count_; }
   int64_t mb_index_ = 0, mb_count_ = 1;
+  // lm_head_wgrad_micro_batches G > 1: the logits' gradients and final hidden states of a group's micro-batches,
+  // [G * T, V] and [G * T, d]; the group's last micro-batch contracts them all into the LM head's gradient.
+  int64_t lm_group_ = 1;
+  Tensor lm_dz_, lm_h_;
+  void lm_head_backward_grouped(const MicroBatch& mb, float ce_scale, const Tensor& loss_sum);
   bool overwrite_grads_ = false;   // the step's first group writes the expert gradients
   LayerMxWeights mx_col_;          // cache_columnwise_weights=false: every layer's columnwise copies, shared
   bool mx_bf16_ = false;           // fp8_config.hopper_gemm=bf16 (the weights' deq copies; codes shared in mx_stage_)

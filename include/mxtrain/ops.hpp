@@ -232,9 +232,12 @@ class Ops {
   // ---- LM head + cross-entropy (never needs the full logits of the batch at once) -----------------------
   // logits = h @ W^T; loss_t = logsumexp(logits_t) - logits_t[labels[t]] for labels[t] >= 0 (-100: ignored).
   // loss_sum[0] += sum_t loss_t (F32 [1]). If dh is non-empty: dh [T,d] (overwrite) and dW [V,d]
-  // (accumulate) get the gradient of grad_scale * sum_t loss_t.
+  // (accumulate) get the gradient of grad_scale * sum_t loss_t. With dlogits [T,V] (act dtype) given as well, the
+  // logits' gradient is left there instead and dW is not touched (may be empty): the caller contracts
+  // dW += dlogits^T h itself, e.g. over several micro-batches at once (lm_head_wgrad_micro_batches).
   virtual void lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& labels, float grad_scale,
-                            const Tensor& loss_sum, const Tensor& dh, const Tensor& dW) = 0;
+                            const Tensor& loss_sum, const Tensor& dh, const Tensor& dW,
+                            const Tensor& dlogits = Tensor()) = 0;
 
   // ---- optimizer ----------------------------------------------------------------------------------
   // torch.optim.AdamW semantics (decoupled weight decay), on F32 param/grad/m/v of equal numel.

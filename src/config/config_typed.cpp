@@ -243,6 +243,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.recompute_experts = r.b("recompute_experts");
   c.model.router_force_load_balancing = r.b("router_force_load_balancing");
   c.expert_wgrad_micro_batches = r.i("expert_wgrad_micro_batches");
+  c.lm_head_wgrad_micro_batches = r.i("lm_head_wgrad_micro_batches");
   c.lm_head_chunk_tokens = r.i("lm_head_chunk_tokens");
   c.cuda_graphs = r.b("cuda_graphs");
   c.parallelism.dp_size = r.i("parallelism.dp_size");
@@ -296,6 +297,7 @@ void check_rest(TrainConfig& c) {
   require_positive(c.num_train_steps, "num_train_steps");
   require_positive(c.lm_head_chunk_tokens, "lm_head_chunk_tokens");
   require_positive(c.expert_wgrad_micro_batches, "expert_wgrad_micro_batches");
+  require_positive(c.lm_head_wgrad_micro_batches, "lm_head_wgrad_micro_batches");
   require(c.grad_acc_steps >= 1, fmt::format("grad_acc_steps must be >= 1, got {}", c.grad_acc_steps));
   require_one_of(c.backend, {"auto", "cpu", "cuda"}, "backend");
   require_one_of(c.fp8.hopper_gemm, {"fp8", "bf16"}, "fp8_config.hopper_gemm");

@@ -77,7 +77,8 @@ class CpuOps : public Ops {
                        const Tensor& dwp) override;
 
   void lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& labels, float grad_scale,
-                    const Tensor& loss_sum, const Tensor& dh, const Tensor& dW) override;
+                    const Tensor& loss_sum, const Tensor& dh, const Tensor& dW,
+                    const Tensor& dlogits = Tensor()) override;
 
   void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                   const AdamWStep& s) override;

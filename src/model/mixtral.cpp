@@ -15,7 +15,8 @@ namespace mxt {
 
 MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch, int64_t seq,
                            const ParamLayout& layout, bool allocate, const ExpertParallel& ep, const Fp8Config& fp8,
-                           bool recompute_experts, int64_t expert_wgrad_micro_batches)
+                           bool recompute_experts, int64_t expert_wgrad_micro_batches,
+                           int64_t lm_head_wgrad_micro_batches)
     : cfg_(cfg), ops_(ops), B_(micro_batch), S_(seq), ep_(ep), fp8_(fp8), recompute_(recompute_experts),
       layout_(layout) {
   T_ = B_ * S_;
@@ -44,6 +45,7 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   mx_bf16_ = fp8.bf16_gemms();
   // The FP8 kernels have their own weight-gradient kernels; hopper_gemm=bf16 holds dequantised operands instead.
   wgrad_group_ = fp8.fp8_kernels() ? 1 : std::max<int64_t>(1, expert_wgrad_micro_batches);
+  lm_group_ = std::max<int64_t>(1, lm_head_wgrad_micro_batches);
   mx_attn_ = mx_ && !fp8.keep_attention_bf16;
   Cx_ = mx_ ? (C_ + 31) / 32 * 32 : C_;
   const int64_t hd = cfg.head_dim(), H = cfg.num_attention_heads, KVH = cfg.num_key_value_heads;
@@ -109,6 +111,10 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
   }
   arena_.add(x_final_, "x_final", A, {T_, d_});
   arena_.add(ln_final_, "ln_final", A, {T_, d_});
+  if (lm_group_ > 1) {
+    arena_.add(lm_dz_, "lm_head.dlogits (held)", A, {lm_group_ * T_, cfg.vocab_size});
+    arena_.add(lm_h_, "lm_head.final_hidden (held)", A, {lm_group_ * T_, d_});
+  }
   arena_.add(rstd_final_, "rstd_final", F, {T_});
   arena_.add(s_.dx, "scratch.dx", A, {T_, d_});
   arena_.add(s_.dtmp, "scratch.dtmp", A, {T_, d_});
@@ -275,6 +281,19 @@ const char* trace_name(int layer, int stage) {
 }
 }  // namespace
 
+// lm_head_wgrad_micro_batches G > 1: this micro-batch's logit gradients and final hidden states go to its slot of
+// the held buffers; the group's last micro-batch (or the step's) adds dW += dlogits^T h over all the group's rows
+// in one GEMM, so dW's fp32 read-add-write happens once per group (the rows in micro-batch order).
+void MixtralModel::lm_head_backward_grouped(const MicroBatch& mb, float ce_scale, const Tensor& loss_sum) {
+  const int64_t slot = mb_index_ % lm_group_, V = cfg_.vocab_size;
+  ops_.copy(ln_final_, lm_h_.rows(slot * T_, T_));
+  ops_.lm_head_loss(ln_final_, w_.lm_head, mb.labels, ce_scale, loss_sum, s_.dtmp, Tensor(),
+                    lm_dz_.rows(slot * T_, T_));
+  if (slot + 1 < lm_group_ && mb_index_ + 1 < mb_count_) return;
+  const int64_t rows = (slot + 1) * T_;
+  ops_.gemm(true, false, V, d_, rows, 1.f, lm_dz_.rows(0, rows), lm_h_.rows(0, rows), 1.f, g_.lm_head);
+}
+
 double MixtralModel::forward_backward(const MicroBatch& mb, float ce_scale, float aux_scale,
                                       const Tensor& loss_sum, bool compute_grad, uint64_t jitter_seed) {
   mb_ = &mb;
@@ -305,7 +324,8 @@ double MixtralModel::forward_backward(const MicroBatch& mb, float ce_scale, floa
   }
   {
     TraceScope trace("lm head + loss (forward and backward)");
-    ops_.lm_head_loss(ln_final_, w_.lm_head, mb.labels, ce_scale, loss_sum, s_.dtmp, g_.lm_head);
+    if (lm_group_ > 1) lm_head_backward_grouped(mb, ce_scale, loss_sum);
+    else ops_.lm_head_loss(ln_final_, w_.lm_head, mb.labels, ce_scale, loss_sum, s_.dtmp, g_.lm_head);
   }
   ops_.rmsnorm_backward(s_.dtmp, x_final_, w_.norm, rstd_final_, s_.dx, g_.norm);
   if (grads_done_) grads_done_(static_cast<int>(acts_.size()));

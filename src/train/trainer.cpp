@@ -33,6 +33,11 @@ int64_t expert_wgrad_group(const TrainConfig& cfg) {
   return std::max<int64_t>(1, std::min(cfg.expert_wgrad_micro_batches, cfg.grad_acc_steps));
 }
 
+// Micro-batches per LM-head weight-gradient GEMM as it takes effect: at most the step's.
+int64_t lm_head_wgrad_group(const TrainConfig& cfg) {
+  return std::max<int64_t>(1, std::min(cfg.lm_head_wgrad_micro_batches, cfg.grad_acc_steps));
+}
+
 std::shared_ptr<ProcessGroups> checked_groups(const TrainConfig& c, std::shared_ptr<ProcessGroups> g) {
   if (!g) g = make_single_process_groups();
   const RankLayout& L = g->layout;
@@ -122,7 +127,7 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
                           cfg.parallelism.ep_overlap};
   model_ = std::make_unique<MixtralModel>(cfg.model, ops_, cfg.dataset.micro_batch_size,
                                           cfg.dataset.max_seq_length, layout_, true, ep, cfg.fp8,
-                                          cfg.recompute_experts, expert_wgrad_group(cfg));
+                                          cfg.recompute_experts, expert_wgrad_group(cfg), lm_head_wgrad_group(cfg));
   model_->bind(dense_.working, expert_weights(), dense_.grad, expert_.grad);
   for (int64_t l = 0; l < cfg.model.num_hidden_layers; ++l)
     for (int64_t e = 0; e < cfg.model.num_local_experts; ++e) expert_origin_.push_back(static_cast<int32_t>(e));
@@ -153,6 +158,9 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
                  cfg.fp8.fp8_kernels()
                      ? "the MXFP8 experts on the FP8 kernels (hopper_gemm=fp8) have their own weight-gradient kernels"
                                  : "a group cannot hold more than the step's grad_acc_steps micro-batches");
+  if (rank_ == 0 && cfg.lm_head_wgrad_micro_batches > lm_head_wgrad_group(cfg))
+    spdlog::warn("lm_head_wgrad_micro_batches={} takes effect as {}: a group cannot hold more than the step's "
+                 "grad_acc_steps micro-batches", cfg.lm_head_wgrad_micro_batches, lm_head_wgrad_group(cfg));
   if (rank_ == 0)
     spdlog::info("set-up: weights {} in {:.1f} s, {:.1f} GB to the {} in {:.1f} s (with the working copies), model "
                  "buffers in {:.1f} s", cfg.init_from_pretrained.empty() ? "initialised" : "read", init_s, upload_gb,
@@ -659,7 +667,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
                           cfg.parallelism.ep_capacity_factor, cfg.parallelism.ep_overlap};
   PlanningOps ops(act_dtype);
   MixtralModel planned(cfg.model, ops, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length, layout, false, ep,
-                       cfg.fp8, cfg.recompute_experts, expert_wgrad_group(cfg));
+                       cfg.fp8, cfg.recompute_experts, expert_wgrad_group(cfg), lm_head_wgrad_group(cfg));
   p.activation_bytes = planned.arena().total_bytes();
   p.fp8_weight_bytes = planned.mx_weight_arena().total_bytes();
   // The LM-head loss's logits chunk (the backend's activation dtype) and its per-token losses.
@@ -715,6 +723,10 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
                ? fmt::format("; {} micro-batches' expert weight-gradient operands held per layer "
                              "(expert_wgrad_micro_batches)",
                              expert_wgrad_group(cfg) - 1)
+               : std::string()) +
+          (lm_head_wgrad_group(cfg) > 1
+               ? fmt::format("; {} micro-batches' LM-head logit gradients held (lm_head_wgrad_micro_batches)",
+                             lm_head_wgrad_group(cfg))
                : std::string()),
       gib(p.activation_bytes), p.lm_head_rows, gib(p.scratch_bytes), gib(p.total_bytes()));
   for (const auto& [name, bytes] : p.largest) s += fmt::format("    {:<28} {:10.1f} MiB\n", name, bytes / 1048576.0);
@@ -732,6 +744,8 @@ std::string plan_fit_problem(const TrainConfig& cfg, const MemoryPlan& p, size_t
   if (!cfg.recompute_experts) s += " recompute_experts=true (the experts' h13 and SwiGLU output rebuilt in the backward);";
   if (expert_wgrad_group(cfg) > 1)
     s += " expert_wgrad_micro_batches=1 (no micro-batch of expert operands held per layer);";
+  if (lm_head_wgrad_group(cfg) > 1)
+    s += " lm_head_wgrad_micro_batches=1 (no micro-batch of LM-head logit gradients held);";
   if (cfg.fp8.enabled && cfg.fp8.cache_columnwise_weights)
     s += " fp8_config.cache_columnwise_weights=false (dgrad weight copies one layer at a time);";
   if (cfg.fp8.bf16_gemms())

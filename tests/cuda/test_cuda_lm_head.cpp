@@ -115,5 +115,49 @@ TEST(CudaLmHead, BadLabelGivesNaN) {
   for (int64_t j = 0; j < d; ++j) EXPECT_EQ(dh[1 * d + j], 0.f);
 }
 
+// lm_head_wgrad_micro_batches: two micro-batches with their logit gradients kept (dlogits), then one cuBLASLt GEMM
+// over both, against the plain op twice: the same loss, dh (same chunk: T is below the chunk size) and dW to fp32
+// summation order. The kept calls leave dW alone.
+TEST(CudaLmHead, KeptLogitGradientsThenOneWeightGradient) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  const int64_t T = 600, V = 50304, d = 256;
+  std::vector<float> W = randn(V * d, 70, 0.05f), dW0 = randn(V * d, 71, 0.01f);
+  DeviceTensor gW = upload(*gpu, W, DType::BF16, {V, d});
+  DeviceTensor plain = upload(*gpu, dW0, DType::F32, {V, d}), kept = upload(*gpu, dW0, DType::F32, {V, d});
+  DeviceTensor loss_plain = upload(*gpu, {0.f}, DType::F32, {1}), loss_kept = upload(*gpu, {0.f}, DType::F32, {1});
+  DeviceTensor dz(*gpu, DType::BF16, {2 * T, V}), hh(*gpu, DType::BF16, {2 * T, d});
+  for (int m = 0; m < 2; ++m) {
+    std::vector<float> h = randn(T * d, 72 + m);
+    round_bf16(h);
+    DeviceTensor gh = upload(*gpu, h, DType::BF16, {T, d});
+    DeviceTensor glab = upload_i32(*gpu, make_labels(T, V, 74 + m), {T});
+    DeviceTensor dh_plain(*gpu, DType::BF16, {T, d}), dh_kept(*gpu, DType::BF16, {T, d});
+    gpu->lm_head_loss(gh, gW, glab, 0.01f, loss_plain, dh_plain, plain);
+    gpu->lm_head_loss(gh, gW, glab, 0.01f, loss_kept, dh_kept, Tensor(), dz.t.rows(m * T, T));
+    // Equal unless cuBLASLt picks another algorithm for the other buffer: then one bf16 rounding apart.
+    const std::vector<float> x = download(*gpu, dh_kept), y = download(*gpu, dh_plain);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      num += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
+      den += double(y[i]) * y[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 4e-3) << "micro-batch " << m;
+    gpu->copy(gh, hh.t.rows(m * T, T));
+  }
+  EXPECT_EQ(download(*gpu, loss_plain)[0], download(*gpu, loss_kept)[0]);
+  EXPECT_EQ(download(*gpu, kept), dW0) << "the kept calls touched dW";
+  gpu->gemm(true, false, V, d, 2 * T, 1.f, dz, hh, 1.f, kept);
+  const std::vector<float> a = download(*gpu, kept), b = download(*gpu, plain);
+  double num = 0, den = 0, moved = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+    moved += (double(b[i]) - dW0[i]) * (double(b[i]) - dW0[i]);
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-5);
+  EXPECT_GT(std::sqrt(moved / den), 1e-3);  // the gradient is not negligible against dW0
+}
+
 }  // namespace
 }  // namespace mxt::testing

@@ -1,0 +1,162 @@
+// lm_head_wgrad_micro_batches G: each micro-batch of a group leaves its LM-head logit gradients (and final hidden
+// states) in held buffers, and the group's last one adds dW += dlogits^T h over all of them in one GEMM. The op
+// side (lm_head_loss with a dlogits output) is checked against the plain op; training against G = 1, which differs
+// only in the fp32 summation order of the LM head's weight gradient.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <yaml-cpp/yaml.h>
+
+#include "tiny_config.hpp"
+#include "trained_run.hpp"
+#include "mxtrain/config.hpp"
+#include "mxtrain/ops.hpp"
+#include "mxtrain/trainer.hpp"
+
+namespace mxt::testing {
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+Tensor F(std::vector<float>& v, std::initializer_list<int64_t> shape) { return Tensor(v.data(), DType::F32, shape); }
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// Two micro-batches through the op with dlogits kept, then one GEMM over both, against the plain op run twice:
+// the same losses and dh bit for bit, dW to fp32 summation order; ignored labels keep a zero gradient row.
+TEST(LmHeadWgradGroup, OpLeavesTheLogitGradients) {
+  auto ops = make_cpu_ops();
+  const int64_t T = 70, V = 53, d = 24;  // T past the CPU op's 64-row chunk
+  std::vector<float> W = randn(V * d, 1, 0.3f), dW0 = randn(V * d, 2, 0.1f);
+  std::vector<float> h[2] = {randn(T * d, 3, 1.f), randn(T * d, 4, 1.f)};
+  std::vector<int32_t> labels[2];
+  for (int m = 0; m < 2; ++m)
+    for (int64_t t = 0; t < T; ++t) labels[m].push_back(t % 11 == 3 ? -100 : static_cast<int32_t>((t * 7 + m) % V));
+
+  std::vector<float> dW_plain = dW0, dW_kept = dW0, loss_plain(1, 0.f), loss_kept(1, 0.f);
+  std::vector<float> dz(2 * T * V, 0.f), hh(2 * T * d);
+  for (int m = 0; m < 2; ++m) {
+    const Tensor lab(labels[m].data(), DType::I32, {T});
+    std::vector<float> dh_plain(T * d), dh_kept(T * d);
+    ops->lm_head_loss(F(h[m], {T, d}), F(W, {V, d}), lab, 0.25f, F(loss_plain, {1}), F(dh_plain, {T, d}),
+                      F(dW_plain, {V, d}));
+    const Tensor dzm(dz.data() + m * T * V, DType::F32, {T, V});
+    ops->lm_head_loss(F(h[m], {T, d}), F(W, {V, d}), lab, 0.25f, F(loss_kept, {1}), F(dh_kept, {T, d}), Tensor(),
+                      dzm);
+    EXPECT_EQ(dh_plain, dh_kept) << "micro-batch " << m;
+    std::copy(h[m].begin(), h[m].end(), hh.begin() + m * T * d);
+    for (int64_t t = 0; t < T; ++t)
+      if (labels[m][t] == -100)
+        for (int64_t v = 0; v < V; ++v) ASSERT_EQ(dz[(m * T + t) * V + v], 0.f);
+  }
+  EXPECT_EQ(loss_plain[0], loss_kept[0]);
+  EXPECT_EQ(dW_kept, dW0) << "the kept call touched dW";
+  ops->gemm(true, false, V, d, 2 * T, 1.f, F(dz, {2 * T, V}), F(hh, {2 * T, d}), 1.f, F(dW_kept, {V, d}));
+  EXPECT_LT(rel_l2(dW_kept, dW_plain), 1e-6);
+  EXPECT_GT(rel_l2(dW_plain, dW0), 1e-3);  // the gradient is not negligible against dW0
+
+  std::vector<float> dz1(T * V);
+  EXPECT_THROW(ops->lm_head_loss(F(h[0], {T, d}), F(W, {V, d}), Tensor(labels[0].data(), DType::I32, {T}), 1.f,
+                                 F(loss_kept, {1}), Tensor(), Tensor(), F(dz1, {T, V})),
+               std::exception);  // dlogits without the backward
+  std::vector<float> dh(T * d), small(T * (V - 1));
+  EXPECT_THROW(ops->lm_head_loss(F(h[0], {T, d}), F(W, {V, d}), Tensor(labels[0].data(), DType::I32, {T}), 1.f,
+                                 F(loss_kept, {1}), F(dh, {T, d}), Tensor(), F(small, {T, V - 1})),
+               std::exception);  // wrong shape
+}
+
+TrainConfig config(int64_t group, int64_t acc) {
+  TrainConfig c = tiny_config("mxtrain_test_lm_head_wgrad_group", 32, 48);
+  c.num_train_steps = 5;
+  c.grad_acc_steps = acc;
+  c.lr_scheduler = {1, 4, 0.1};
+  c.lm_head_wgrad_micro_batches = group;
+  return c;
+}
+
+// Groups that divide the step, that do not (a short last group), larger than the step, and one micro-batch per
+// step; with the expert gradients grouped too. The first step's loss is computed before any update, so it is equal
+// bit for bit; after that only the LM head gradient's summation order differs.
+TEST(LmHeadWgradGroup, TrainsLikeOneGemmPerMicroBatch) {
+  auto ops = make_cpu_ops();
+  for (const int64_t acc : {1, 3, 4}) {
+    for (const int64_t group : {2, 4, 8}) {
+      SCOPED_TRACE("grad_acc_steps " + std::to_string(acc) + ", group " + std::to_string(group));
+      TrainConfig off = config(1, acc), on = config(group, acc);
+      off.expert_wgrad_micro_batches = on.expert_wgrad_micro_batches = 2;
+      const TrainedRun a = train_to_end(off, *ops), b = train_to_end(on, *ops);
+      ASSERT_EQ(a.losses.size(), b.losses.size());
+      EXPECT_EQ(a.losses[0], b.losses[0]);
+      for (size_t i = 1; i < a.losses.size(); ++i)
+        EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * std::abs(a.losses[i])) << "step " << i + 1;
+      EXPECT_LT(rel_l2(b.dense, a.dense), 1e-5);
+      EXPECT_LT(rel_l2(b.expert, a.expert), 1e-5);
+      EXPECT_LT(a.losses.back(), a.losses.front()) << "the run did not train";
+    }
+  }
+}
+
+TEST(LmHeadWgradGroup, PlanConfigAndWarnings) {
+  const TrainConfig on = config(4, 4), off = config(1, 4);
+  const MemoryPlan p_on = plan_memory(on, DType::BF16), p_off = plan_memory(off, DType::BF16);
+  // 4 micro-batches' [tokens, vocab] logit gradients and [tokens, d] hidden states, in bf16.
+  const int64_t T = on.dataset.micro_batch_size * on.dataset.max_seq_length;
+  EXPECT_EQ(p_on.activation_bytes - p_off.activation_bytes,
+            static_cast<size_t>(4 * T * (on.model.vocab_size + on.model.hidden_size) * 2));
+  EXPECT_NE(format_memory_plan(on, p_on).find("4 micro-batches' LM-head logit gradients held"), std::string::npos);
+  EXPECT_NE(plan_fit_problem(on, p_on, 1).find("lm_head_wgrad_micro_batches=1"), std::string::npos);
+  EXPECT_EQ(plan_fit_problem(off, p_off, 1).find("lm_head_wgrad_micro_batches"), std::string::npos);
+
+  auto warning = [](TrainConfig c) {
+    std::ostringstream out;
+    auto saved = spdlog::default_logger();
+    spdlog::set_default_logger(
+        std::make_shared<spdlog::logger>("lm_group_test", std::make_shared<spdlog::sinks::ostream_sink_mt>(out)));
+    {
+      auto ops = make_cpu_ops();
+      Trainer t(c, *ops, embedded_corpus_tokens());
+    }
+    spdlog::set_default_logger(saved);
+    return out.str();
+  };
+  EXPECT_NE(warning(config(8, 3)).find("lm_head_wgrad_micro_batches=8 takes effect as 3"), std::string::npos);
+  EXPECT_EQ(warning(config(3, 3)).find("lm_head_wgrad_micro_batches"), std::string::npos);
+
+  auto group = [](std::vector<std::string> o) {
+    return to_train_config(resolve_config(LoadOptions{"L0_sanity", "", std::move(o)})).lm_head_wgrad_micro_batches;
+  };
+  EXPECT_EQ(group({}), 1);
+  EXPECT_EQ(group({"lm_head_wgrad_micro_batches=8"}), 8);
+  for (const char* bad : {"lm_head_wgrad_micro_batches=0", "lm_head_wgrad_micro_batches=two"}) {
+    try {
+      to_train_config(resolve_config(LoadOptions{"L0_sanity", "", {bad}}));
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("lm_head_wgrad_micro_batches"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mxt::testing
