@@ -9,11 +9,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
-#include <sstream>
 #include <vector>
 
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
 
 #include "plan_util.hpp"
 #include "tiny_config.hpp"
@@ -249,19 +246,7 @@ TEST(ExpertWgradGroup, PlanTextAndTheFitAdvice) {
 
 // A key that cannot take effect as written says so at start (capped at grad_acc_steps; ignored under MXFP8).
 TEST(ExpertWgradGroup, SaysWhenTheKeyIsCapped) {
-  auto warning = [](TrainConfig c) {
-    std::ostringstream out;
-    auto saved = spdlog::default_logger();
-    auto logger = std::make_shared<spdlog::logger>("wgrad_group_test",
-                                                   std::make_shared<spdlog::sinks::ostream_sink_mt>(out));
-    spdlog::set_default_logger(logger);
-    {
-      auto ops = make_cpu_ops();
-      Trainer t(c, *ops, embedded_corpus_tokens());
-    }
-    spdlog::set_default_logger(saved);
-    return out.str();
-  };
+  const auto warning = startup_log;
   EXPECT_NE(warning(config(8, 3)).find("expert_wgrad_micro_batches=8 takes effect as 3"), std::string::npos);
   EXPECT_EQ(warning(config(3, 3)).find("expert_wgrad_micro_batches"), std::string::npos);
   TrainConfig fp8 = config(2, 2);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda_ops.hpp"
+#include "host_test_util.hpp"
 #include "mxtrain/device_info.hpp"
 #include "mxtrain/ops.hpp"
 
@@ -127,15 +128,7 @@ inline Tensor host_i32(std::vector<int32_t>& v, std::initializer_list<int64_t> d
   return Tensor(v.data(), DType::I32, dims);
 }
 
-// ||got - ref|| / ||ref||, the global measure for bf16 results; and the worst element.
-inline double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / (den > 0 ? den : 1e-30));
-}
+// rel_l2 (host_test_util.hpp): the global measure for bf16 results; and the worst element.
 inline double max_abs_diff(const std::vector<float>& got, const std::vector<float>& ref) {
   double m = 0;
   for (size_t i = 0; i < ref.size(); ++i) m = std::max(m, std::abs(double(got[i]) - ref[i]));

@@ -184,15 +184,6 @@ TrainedRun train(int64_t group, int64_t acc, bool graphs) {
   return train_to_end(c, *gpu);
 }
 
-double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
 // The trainer with groups of 2 and of the whole step follows the ungrouped run (eager and replayed graphs; an
 // odd accumulation count leaves a short last group): only fp32 summation order differs in the expert gradients.
 TEST(CudaExpertWgradGroup, TrainingFollowsTheUngroupedRun) {
@@ -209,7 +200,7 @@ TEST(CudaExpertWgradGroup, TrainingFollowsTheUngroupedRun) {
         EXPECT_EQ(off.losses.front(), on.losses.front());  // the first step's forward sees the same weights
         for (size_t i = 0; i < off.losses.size(); ++i)
           EXPECT_NEAR(on.losses[i], off.losses[i], 1e-3 * std::abs(off.losses[i])) << "step " << i + 1;
-        EXPECT_LT(max_rel(on.expert, off.expert), 1e-3);
+        EXPECT_LT(rel_l2(on.expert, off.expert), 1e-3);
       }
     }
   }
