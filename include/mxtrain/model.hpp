@@ -195,7 +195,9 @@ class MixtralModel {
   int64_t wgrad_slot() const { return mb_index_ % wgrad_group_; }
   // Layer l's held row sets before this micro-batch's slot that have rows, as (dy, x) = the members hdy, hx.
   std::vector<Ops::WgradRowSet> held_sets(int l, Tensor HeldWgrad::*hdy, Tensor HeldWgrad::*hx) const;
-  bool holds_wgrad() const { return wgrad_slot() + 1 < wgrad_group_ && mb_index_ + 1 < mb_count_; }
+  bool holds_wgrad() const { return holds_for_group(wgrad_group_); }
+  // Whether this micro-batch, in groups of `group`, is neither its group's last nor the step's: it holds operands.
+  bool holds_for_group(int64_t group) const { return mb_index_ % group + 1 < group && mb_index_ + 1 < mb_count_; }
   int64_t mb_index_ = 0, mb_count_ = 1;
   // lm_head_wgrad_micro_batches G > 1: the logits' gradients and final hidden states of a group's micro-batches,
   // [G * T, V] and [G * T, d]; the group's last micro-batch contracts them all into the LM head's gradient.

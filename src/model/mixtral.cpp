@@ -289,7 +289,7 @@ void MixtralModel::lm_head_backward_grouped(const MicroBatch& mb, float ce_scale
   ops_.copy(ln_final_, lm_h_.rows(slot * T_, T_));
   ops_.lm_head_loss(ln_final_, w_.lm_head, mb.labels, ce_scale, loss_sum, s_.dtmp, Tensor(),
                     lm_dz_.rows(slot * T_, T_));
-  if (slot + 1 < lm_group_ && mb_index_ + 1 < mb_count_) return;
+  if (holds_for_group(lm_group_)) return;
   const int64_t rows = (slot + 1) * T_;
   ops_.gemm(true, false, V, d_, rows, 1.f, lm_dz_.rows(0, rows), lm_h_.rows(0, rows), 1.f, g_.lm_head);
 }
