@@ -12,7 +12,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/mpi/common.sh"
 TMP=$(mktemp -d)
 JOB=""
 cleanup() {
-  [[ -n "$JOB" ]] && kill -KILL "$JOB" 2>/dev/null
+  [[ -n "$JOB" ]] && kill_tree "$JOB"
   rm -rf "$TMP"
 }
 trap cleanup EXIT

@@ -10,16 +10,42 @@ fail() {
   echo "FAIL: $*" >&2
   exit 1
 }
-# The pid of world rank $2 among the children of mpirun $1 (Open MPI forks local ranks itself).
-rank_pid() {
-  local pid
-  for pid in $(pgrep -P "$1"); do
-    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
-      echo "$pid"
-      return 0
-    fi
+# The pids under process $1 (children first found, then theirs), one per line.
+descendants() {
+  local queue=("$1") pid child
+  while ((${#queue[@]})); do
+    pid=${queue[0]}
+    queue=("${queue[@]:1}")
+    for child in $(pgrep -P "$pid"); do
+      echo "$child"
+      queue+=("$child")
+    done
   done
+}
+# The pid of world rank $2 under mpirun $1. Looks at every descendant (launchers may put a daemon between) and
+# retries for 10 s: a rank's environment can be unreadable for a moment, and a miss fails the whole test.
+rank_pid() {
+  local pid try
+  for ((try = 0; try < 100; try++)); do
+    for pid in $(descendants "$1"); do
+      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+        echo "$pid"
+        return 0
+      fi
+    done
+    sleep 0.1
+  done
+  echo "no process with OMPI_COMM_WORLD_RANK=$2 under $1; its processes:" >&2
+  ps -o pid,ppid,stat,etime,cmd --pid "$1" --ppid "$1" >&2
   return 1
+}
+# SIGKILLs process $1 and everything under it: killing mpirun alone can leave its ranks writing into a
+# directory the test is about to remove.
+kill_tree() {
+  local pids pid
+  pids=$(descendants "$1")
+  kill -KILL "$1" $pids 2>/dev/null
+  for pid in "$1" $pids; do wait_gone "$pid" 5; done
 }
 # Waits up to $2 seconds for process $1 to end; status 1 if it is still there.
 wait_gone() {

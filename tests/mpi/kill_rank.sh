@@ -17,7 +17,7 @@ JOB=""
 VICTIM=""
 cleanup() {  # only what this script started, by pid
   [[ -n "$VICTIM" ]] && kill -KILL "$VICTIM" 2>/dev/null
-  [[ -n "$JOB" ]] && kill -KILL "$JOB" 2>/dev/null
+  [[ -n "$JOB" ]] && kill_tree "$JOB"
   rm -rf "$TMP"
 }
 trap cleanup EXIT
