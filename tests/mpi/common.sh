@@ -23,12 +23,13 @@ descendants() {
   done
 }
 # The pid of world rank $2 under mpirun $1. Looks at every descendant (launchers may put a daemon between) and
-# retries for 10 s: a rank's environment can be unreadable for a moment, and a miss fails the whole test.
+# retries for 10 s. grep reads the file itself: `tr | grep -q` under pipefail fails when grep quits before tr
+# has written all (SIGPIPE, status 141): the cause of a CI failure that found "no process of world rank 1".
 rank_pid() {
   local pid try
   for ((try = 0; try < 100; try++)); do
     for pid in $(descendants "$1"); do
-      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+      if grep -qxz "OMPI_COMM_WORLD_RANK=$2" "/proc/$pid/environ" 2>/dev/null; then
         echo "$pid"
         return 0
       fi
