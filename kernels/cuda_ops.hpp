@@ -109,6 +109,8 @@ class CudaOps : public Ops {
                        const Tensor& C) override;
   void mx_grouped_gemm_wgrad(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,
                              const Tensor& C) override;
+  void mx_gemm(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& all_rows, const Tensor& C) override;
+  void mx_gemm_wgrad(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& all_k, const Tensor& C) override;
 
   void swiglu_forward(const Tensor& h13, const Tensor& wp, const Tensor& a) override;
   void grouped_gemm_swiglu(const Tensor& x, const Tensor& W13, const Tensor& offsets, const Tensor& wp,

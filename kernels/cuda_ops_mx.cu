@@ -25,4 +25,12 @@ void CudaOps::mx_grouped_gemm_wgrad(const mxfp8::MxView& A, const mxfp8::MxView&
   mxfp8::grouped_gemm_wgrad_cuda(*this, A, B, offsets, C);
 }
 
+void CudaOps::mx_gemm(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& all_rows, const Tensor& C) {
+  mxfp8::dense_gemm_cuda(*this, A, B, all_rows, C);
+}
+
+void CudaOps::mx_gemm_wgrad(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& all_k, const Tensor& C) {
+  mxfp8::dense_gemm_wgrad_cuda(*this, A, B, all_k, C);
+}
+
 }  // namespace mxt

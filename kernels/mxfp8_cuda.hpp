@@ -66,6 +66,24 @@ bool grouped_gemm_sm90(CudaOps& ops, const MxView& A, const MxView& B, const Ten
 bool grouped_gemm_wgrad_sm90(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& offsets,
                              const Tensor& C);
 
+// Dense MXFP8 GEMMs (one group, every row: the MXFP8 linears), with the grouped entry points' contracts for
+// offsets {0, M} (forward / dgrad: C [M, N] overwritten) and {0, K} (wgrad: C [1, M, N] F32 +=), which the caller
+// guarantees: `all_rows` / `all_k` are read only when the call falls back to the grouped kernels. On Blackwell
+// (sm_100+) they run as cuBLASLt block-scaled GEMMs (VEC32_UE8M0 scales; kernels/mxfp8_gemm_sm100.cu), which is
+// UNTESTED on a GPU: no Blackwell machine is lent here. Everywhere else, and where cuBLASLt has no algorithm,
+// they are grouped_gemm_cuda / grouped_gemm_wgrad_cuda.
+void dense_gemm_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& all_rows, const Tensor& C);
+void dense_gemm_wgrad_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& all_k, const Tensor& C);
+// The cuBLASLt launcher: C = A B^T + beta C (A [M, K], B [N, K], batch 1, K-major views of any direction; C
+// [M, N] BF16 or F32). Returns false, with nothing launched, unless the device is sm_100+, the implementation is
+// not forced to the baseline (MXTRAIN_MXFP8_GEMM / set_gemm_impl) and cuBLASLt has an algorithm for the shape.
+bool dense_gemm_sm100(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& C, float beta);
+// Scales [batch][rows][C] (an MxView's order) -> cuBLASLt's tiles, tiled_scale_bytes(rows, C) per batch entry,
+// padding zeroed: mxfp8::tile_scales on the device. Any CUDA GPU (its test runs on Hopper).
+void tile_scales_cuda(CudaOps& ops, const uint8_t* scales, int64_t batch, int64_t rows, int64_t C, uint8_t* out);
+// True when MXTRAIN_MXFP8_GEMM=baseline or set_gemm_impl(Baseline) keeps every MXFP8 GEMM on the baseline.
+bool baseline_forced();
+
 // Test support: rounds every non-NaN fp32 bit pattern to FP8 both with the quantiser's hardware path (clamp to
 // +-max, cvt.rn.satfinite) and with mxfp8::encode, on the device. Returns how many differ and (in `first`, if
 // given) up to 16 of the differing inputs. Synchronises.

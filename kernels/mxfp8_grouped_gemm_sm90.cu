@@ -608,6 +608,7 @@ bool common_ok(CudaOps& ops, const MxView& A, const MxView& B, int64_t E, int64_
 }  // namespace
 
 void set_gemm_impl(GemmImpl impl) { g_impl.store(static_cast<int>(impl)); }
+bool baseline_forced() { return !wants_sm90(); }
 void set_gemm_variant(int v) {
   if (v < 0 || v > 5) cuda::fail("mxfp8 grouped gemm", "variant must be 0 to 5, got " + std::to_string(v));
   g_variant.store(v);

@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "mxtrain/mxfp8.hpp"
@@ -666,6 +667,50 @@ TEST(Mxfp8GemmRef, GroupedForwardDgradWgradWithUnevenAndEmptyExperts) {
             std::string::npos);
   EXPECT_NE(thrown([&] { grouped_gemm_ref(qx.row.view(), qw.col.view(), off); }).find("contraction"),
             std::string::npos);
+}
+
+// cuBLASLt's scale tiles (mxfp8.md): positions worked out by hand from the layout's description, for a scale
+// matrix with C = 8 (two 4-column tiles per 128-row band).
+TEST(Mxfp8ScaleTiles, KnownPositions) {
+  const int64_t C = 8;
+  struct Case { int64_t r, c, at; };
+  for (const Case& k : {Case{0, 0, 0}, Case{0, 1, 1}, Case{0, 3, 3}, Case{0, 4, 512}, Case{1, 0, 16},
+                        Case{31, 0, 496}, Case{32, 0, 4}, Case{64, 2, 10}, Case{127, 3, 511}, Case{128, 0, 1024},
+                        Case{130, 5, 1569}, Case{255, 7, 2047}})
+    EXPECT_EQ(tiled_scale_offset(k.r, k.c, C), k.at) << "r " << k.r << " c " << k.c;
+  EXPECT_EQ(tiled_scale_bytes(1, 1), 512);
+  EXPECT_EQ(tiled_scale_bytes(128, 4), 512);
+  EXPECT_EQ(tiled_scale_bytes(129, 5), 2048);
+  EXPECT_EQ(tiled_scale_bytes(4096, 128), 4096 * 128);
+}
+
+// Every scale of ragged shapes lands in its own byte of the padded tiles, the padding is zero, and reading the
+// tiles back through the offsets gives every batch entry's scales.
+TEST(Mxfp8ScaleTiles, TileScalesIsABijectionWithZeroPadding) {
+  std::mt19937 rng(7);
+  for (const auto& [batch, rows, C] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {2, 200, 6}, {3, 128, 4},
+                                       {1, 300, 130}}) {
+    std::vector<uint8_t> s(static_cast<size_t>(batch * rows * C));
+    for (uint8_t& v : s) v = static_cast<uint8_t>(1 + rng() % 254);  // never 0, so padding is told apart
+    const int64_t tiled = tiled_scale_bytes(rows, C);
+    std::vector<uint8_t> out(static_cast<size_t>(batch * tiled), 0xAB);
+    tile_scales(s.data(), batch, rows, C, out.data());
+    std::vector<int> hits(static_cast<size_t>(tiled), 0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t at = tiled_scale_offset(r, c, C);
+        ASSERT_GE(at, 0);
+        ASSERT_LT(at, tiled);
+        ++hits[static_cast<size_t>(at)];
+        for (int64_t b = 0; b < batch; ++b)
+          ASSERT_EQ(out[static_cast<size_t>(b * tiled + at)], s[static_cast<size_t>((b * rows + r) * C + c)]);
+      }
+    for (int64_t i = 0; i < tiled; ++i) {
+      ASSERT_LE(hits[static_cast<size_t>(i)], 1) << "offset " << i << " taken twice";
+      if (hits[static_cast<size_t>(i)] == 0)
+        for (int64_t b = 0; b < batch; ++b) ASSERT_EQ(out[static_cast<size_t>(b * tiled + i)], 0) << "padding " << i;
+    }
+  }
 }
 
 }  // namespace

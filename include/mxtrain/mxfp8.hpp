@@ -218,6 +218,19 @@ void quantize_bf16(const uint16_t* x, int64_t batch, int64_t rows, int64_t cols,
 float dequantize_at(const MxView& q, int64_t b, int64_t r, int64_t c);
 std::vector<float> dequantize(const MxView& q);
 
+// ---- cuBLASLt's block-scale layout (Blackwell's VEC32_UE8M0 mode; mxfp8.md) ---------------------------
+// cuBLASLt reads an operand's scales, a [rows, C = K/32] matrix (rows: the operand's non-K dim), as 512-byte
+// tiles of 128 rows x 4 scale columns, the tiles row-major over (rows/128, C/4) and each tile interleaved so
+// that 32-row groups sit side by side; both dims padded (rows to 128, C to 4), padding bytes zero here.
+MXT_HD int64_t tiled_scale_offset(int64_t r, int64_t c, int64_t C) {
+  const int64_t col_tiles = (C + 3) / 4;
+  return ((r / 128) * col_tiles + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + c % 4;
+}
+MXT_HD int64_t tiled_scale_bytes(int64_t rows, int64_t C) { return (rows + 127) / 128 * 128 * ((C + 3) / 4 * 4); }
+// CPU twin of the device tiling: scales [batch][rows][C] (an MxView's own order) -> out, batch entries one
+// after the other, tiled_scale_bytes(rows, C) each, padding zeroed.
+void tile_scales(const uint8_t* scales, int64_t batch, int64_t rows, int64_t C, uint8_t* out);
+
 // ---- GEMM references (fp64, on dequantised operands) ---------------------------------------------------
 // Operands are K-major views (any direction): A [a.batch][M][K], B [b.batch][N][K] as op_rows x op_k.
 

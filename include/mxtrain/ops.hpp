@@ -206,6 +206,15 @@ class Ops {
   // [offsets[e], offsets[e+1]) of A(:, k) B(:, k)^T. Group boundaries may fall inside a 32-block.
   virtual void mx_grouped_gemm_wgrad(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& offsets,
                                      const Tensor& C) = 0;
+  // The dense MXFP8 linears: the two above with one group over every row, offsets {0, A's rows} (forward, dgrad)
+  // or {0, K} (wgrad), which the caller guarantees; a device backend may run a dense kernel that never reads
+  // them (Blackwell's block-scaled cuBLASLt GEMM).
+  virtual void mx_gemm(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& all_rows, const Tensor& C) {
+    mx_grouped_gemm(A, B, all_rows, C);
+  }
+  virtual void mx_gemm_wgrad(const mxfp8::MxView& A, const mxfp8::MxView& B, const Tensor& all_k, const Tensor& C) {
+    mx_grouped_gemm_wgrad(A, B, all_k, C);
+  }
 
   // ---- SwiGLU x routing weight --------------------------------------------------------------------
   // h13 [R,2f] = [gate | up]; a[r,i] = silu(gate[r,i]) * up[r,i] * wp[r]   a [R,f] (overwrite)

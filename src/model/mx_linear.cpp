@@ -38,7 +38,7 @@ void mx_linear_forward(Ops& ops, const MxDense& m, const MxRows& x_row, const Mx
              y.view({m.T, W.rows}));
     return;
   }
-  ops.mx_grouped_gemm(x_row.q, W.rowwise(), m.offsets, y.view({m.T, W.rows}));
+  ops.mx_gemm(x_row.q, W.rowwise(), m.offsets, y.view({m.T, W.rows}));
 }
 
 void mx_linear_backward(Ops& ops, const MxDense& m, const Tensor& dy, const MxWeight& W,
@@ -54,9 +54,9 @@ void mx_linear_backward(Ops& ops, const MxDense& m, const Tensor& dy, const MxWe
              dW.view({out, in}));
     return;
   }
-  ops.mx_grouped_gemm(g.q, W.colwise(), m.offsets, (acc ? tmp : dx).view({m.T, in}));
+  ops.mx_gemm(g.q, W.colwise(), m.offsets, (acc ? tmp : dx).view({m.T, in}));
   if (acc) ops.add(dx, tmp, dx);
-  ops.mx_grouped_gemm_wgrad(gc, x_col, m.offsets, dW.view({1, out, in}));
+  ops.mx_gemm_wgrad(gc, x_col, m.offsets, dW.view({1, out, in}));
 }
 
 }  // namespace mxt

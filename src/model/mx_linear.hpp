@@ -1,5 +1,5 @@
 #pragma once
-// Dense y = x W^T ([out, in] weights) and its backward in MXFP8: one-group grouped GEMMs (offsets {0, T}),
+// Dense y = x W^T ([out, in] weights) and its backward in MXFP8: Ops::mx_gemm / mx_gemm_wgrad (offsets {0, T}),
 // with the recipe's operand directions (forward x rowwise x W rowwise; dgrad dy rowwise x W columnwise;
 // wgrad dy columnwise x x columnwise). T must be a multiple of 32 (the wgrad blocks run along tokens).
 #include <cstdint>

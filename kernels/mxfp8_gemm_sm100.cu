@@ -1,0 +1,193 @@
+// The Blackwell path of the dense MXFP8 GEMMs: cuBLASLt's block-scaled FP8 GEMM (scale mode
+// CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0, one E8M0 scale per 32 values along K: exactly our MXFP8 copies),
+// which runs on sm_100 and later only. UNTESTED on a GPU: no Blackwell machine is lent to this project. On any
+// other device, or where cuBLASLt offers no algorithm, dense_gemm_sm100 launches nothing and returns false, and
+// the callers run the grouped kernels instead (what every Hopper run does).
+//
+// cuBLASLt wants the scales in its tiled layout (mxtrain/mxfp8.hpp, tiled_scale_offset); tile_scales_cuda makes
+// it from our [rows][K/32] order into per-op scratch. Row-major C = A B^T is handed over transposed, as in
+// gemm_cublaslt.cu: cuBLASLt's "A" is our B ([N][K] = column-major K x N, used transposed), its "B" our A
+// ([M][K] = column-major K x M), its D our C (column-major N x M).
+#include <cublasLt.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "cuda_common.cuh"
+#include "cuda_context.cuh"
+#include "cuda_ops.hpp"
+#include "mxfp8_cuda.hpp"
+
+namespace mxt::mxfp8 {
+
+namespace {
+
+__global__ void tile_scales_kernel(const uint8_t* __restrict__ s, int64_t batch, int64_t rows, int64_t C,
+                                   int64_t tiled, uint8_t* __restrict__ out) {
+  const int64_t n = batch * rows * C;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t c = i % C, r = (i / C) % rows, b = i / (C * rows);
+    out[b * tiled + tiled_scale_offset(r, c, C)] = s[i];
+  }
+}
+
+bool device_is_blackwell(int device) {
+  static std::atomic<int> cache[64];  // 0 unknown, 1 no, 2 yes
+  if (device < 0 || device >= 64) return false;
+  int v = cache[device].load();
+  if (v == 0) {
+    int major = 0;
+    cuda::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "mxfp8 sm100",
+                "compute capability");
+    v = major >= 10 ? 2 : 1;
+    cache[device].store(v);
+  }
+  return v == 2;
+}
+
+struct Key {
+  int device;
+  int64_t M, N, K;
+  int fa, fb, c_dtype;
+  bool accumulate;
+  size_t workspace;
+  bool operator<(const Key& o) const {
+    return std::tie(device, M, N, K, fa, fb, c_dtype, accumulate, workspace) <
+           std::tie(o.device, o.M, o.N, o.K, o.fa, o.fb, o.c_dtype, o.accumulate, o.workspace);
+  }
+};
+
+// One configuration's descriptors and algorithm; ok = false where cuBLASLt refused it (cached too, so a refused
+// shape costs one query, not one per call).
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool ok = false;
+  ~Plan() {
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+cudaDataType_t fp8_type(Format f) { return f == Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+
+void make_plan(Plan& p, const Key& k, cublasLtHandle_t lt) {
+  auto good = [](cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; };
+  if (!good(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) return;
+  const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+  const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
+  if (!good(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t))) ||
+      !good(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n))) ||
+      !good(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode))) ||
+      !good(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode))))
+    return;
+  const cudaDataType_t d_type = k.c_dtype == static_cast<int>(DType::F32) ? CUDA_R_32F : CUDA_R_16BF;
+  const uint64_t M = static_cast<uint64_t>(k.M), N = static_cast<uint64_t>(k.N), K = static_cast<uint64_t>(k.K);
+  if (!good(cublasLtMatrixLayoutCreate(&p.a, fp8_type(static_cast<Format>(k.fb)), K, N, k.K)) ||
+      !good(cublasLtMatrixLayoutCreate(&p.b, fp8_type(static_cast<Format>(k.fa)), K, M, k.K)) ||
+      !good(cublasLtMatrixLayoutCreate(&p.d, d_type, N, M, k.N)))
+    return;
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (!good(cublasLtMatmulPreferenceCreate(&pref))) return;
+  // Split-K only through the workspace, never in place with atomics: training repeats bit for bit.
+  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_MASK & ~static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_INPLACE);
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  if (good(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &k.workspace,
+                                                sizeof(k.workspace))) &&
+      good(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                sizeof(schemes))) &&
+      good(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.d, p.d, pref, 1, &res, &found)) && found > 0 &&
+      good(res.state)) {
+    p.algo = res.algo;
+    p.ok = true;
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+}
+
+Plan* plan_for(const Key& k, cublasLtHandle_t lt) {
+  static std::mutex mu;
+  static std::map<Key, std::unique_ptr<Plan>> plans;
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<Plan>& p = plans[k];
+  if (!p) {
+    p = std::make_unique<Plan>();
+    make_plan(*p, k, lt);
+  }
+  return p.get();
+}
+
+}  // namespace
+
+void tile_scales_cuda(CudaOps& ops, const uint8_t* scales, int64_t batch, int64_t rows, int64_t C, uint8_t* out) {
+  const char* op = "mxfp8::tile_scales_cuda";
+  if (batch < 0 || rows < 0 || C < 0) cuda::fail(op, "negative extent");
+  const int64_t tiled = tiled_scale_bytes(rows, C);
+  cudaStream_t st = ops.ctx().stream;
+  if (batch == 0 || rows == 0 || C == 0) {
+    if (batch > 0 && tiled > 0) cuda::check(cudaMemsetAsync(out, 0, batch * tiled, st), op, "memset");
+    return;
+  }
+  cuda::check(cudaMemsetAsync(out, 0, batch * tiled, st), op, "memset");  // the padding
+  const int threads = 256;
+  tile_scales_kernel<<<cuda::blocks_for(batch * rows * C, threads), threads, 0, st>>>(scales, batch, rows, C, tiled,
+                                                                                       out);
+  cuda::check_launch(op);
+}
+
+bool dense_gemm_sm100(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& C, float beta) {
+  CudaContext& ctx = ops.ctx();
+  if (baseline_forced() || !device_is_blackwell(ctx.device)) return false;
+  // Anything unusual goes to the grouped entry points, whose checks name the bad argument.
+  if (A.device != Device::CUDA || B.device != Device::CUDA || C.device != Device::CUDA) return false;
+  if (A.batch != 1 || B.batch != 1 || A.op_k() != B.op_k()) return false;
+  const int64_t M = A.op_rows(), N = B.op_rows(), K = A.op_k();
+  if (M <= 0 || N <= 0 || K <= 0 || M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || C.numel() != M * N) return false;
+  if (C.dtype != DType::BF16 && C.dtype != DType::F32) return false;
+  if (!cuda::aligned16(A.data) || !cuda::aligned16(B.data) || !cuda::aligned16(C.data)) return false;
+  const Key key{ctx.device, M, N, K, static_cast<int>(A.format), static_cast<int>(B.format),
+                static_cast<int>(C.dtype), beta != 0.f, ctx.workspace_bytes};
+  Plan* p = plan_for(key, ctx.lt);
+  if (!p->ok) return false;
+  const int64_t kb = K / kBlock;
+  uint8_t* sa = static_cast<uint8_t*>(ctx.scratch("mx_sm100_scales_a", tiled_scale_bytes(M, kb)));
+  uint8_t* sb = static_cast<uint8_t*>(ctx.scratch("mx_sm100_scales_b", tiled_scale_bytes(N, kb)));
+  tile_scales_cuda(ops, A.scales, 1, M, kb, sa);
+  tile_scales_cuda(ops, B.scales, 1, N, kb, sb);
+  // cuBLASLt's A is our B and its B our A: their scales swap the same way.
+  const char* op = "mxfp8::dense_gemm_sm100";
+  if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb, sizeof(sb)) !=
+          CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa, sizeof(sa)) !=
+          CUBLAS_STATUS_SUCCESS)
+    cuda::fail(op, "cannot set the scale pointers");
+  const float alpha = 1.f;
+  const cublasStatus_t s = cublasLtMatmul(ctx.lt, p->op, &alpha, B.data, p->a, A.data, p->b, &beta, C.data, p->d,
+                                          C.data, p->d, &p->algo, ctx.workspace, ctx.workspace_bytes, ctx.stream);
+  if (s != CUBLAS_STATUS_SUCCESS)
+    cuda::fail(op, std::string("cublasLtMatmul failed: ") + cublasLtGetStatusName(s) + " for M=" + std::to_string(M) +
+                       " N=" + std::to_string(N) + " K=" + std::to_string(K));
+  note_gemm_impl("sm100");
+  return true;
+}
+
+void dense_gemm_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& all_rows, const Tensor& C) {
+  if (dense_gemm_sm100(ops, A, B, C, 0.f)) return;
+  grouped_gemm_cuda(ops, A, B, all_rows, C);
+}
+
+void dense_gemm_wgrad_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& all_k, const Tensor& C) {
+  if (C.dtype == DType::F32 && dense_gemm_sm100(ops, A, B, C, 1.f)) return;
+  grouped_gemm_wgrad_cuda(ops, A, B, all_k, C);
+}
+
+}  // namespace mxt::mxfp8
