@@ -18,6 +18,8 @@
 #include <string>
 #include <tuple>
 
+#include <spdlog/spdlog.h>
+
 #include "cuda_common.cuh"
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
@@ -157,7 +159,20 @@ bool dense_gemm_sm100(CudaOps& ops, const MxView& A, const MxView& B, const Tens
   const Key key{ctx.device, M, N, K, static_cast<int>(A.format), static_cast<int>(B.format),
                 static_cast<int>(C.dtype), beta != 0.f, ctx.workspace_bytes};
   Plan* p = plan_for(key, ctx.lt);
-  if (!p->ok) return false;
+  // Once per process, so a Blackwell run's log says which path its MXFP8 linears took.
+  static std::once_flag said_yes, said_no;
+  if (!p->ok) {
+    std::call_once(said_no, [&] {
+      spdlog::warn("MXFP8 dense GEMM: cuBLASLt has no block-scaled algorithm for M={} N={} K={} on this GPU; such "
+                   "shapes run on the generic MXFP8 kernels",
+                   M, N, K);
+    });
+    return false;
+  }
+  std::call_once(said_yes, [] {
+    spdlog::info("MXFP8 dense linears: cuBLASLt block-scaled GEMMs (VEC32_UE8M0 scales), the Blackwell path, "
+                 "which has not been run on a Blackwell GPU by its authors yet");
+  });
   const int64_t kb = K / kBlock;
   uint8_t* sa = static_cast<uint8_t*>(ctx.scratch("mx_sm100_scales_a", tiled_scale_bytes(M, kb)));
   uint8_t* sb = static_cast<uint8_t*>(ctx.scratch("mx_sm100_scales_b", tiled_scale_bytes(N, kb)));
