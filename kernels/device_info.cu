@@ -41,4 +41,33 @@ std::string cuda_device_summary() {
   return out;
 }
 
+const char* cuda_built_archs() noexcept { return MXTRAIN_CUDA_ARCHS; }
+
+namespace {
+__global__ void image_probe_kernel() {}
+}  // namespace
+
+bool cuda_binary_runs_on(int device) noexcept {
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;  // cannot tell: the caller's own errors will name the device
+  }
+  cudaFuncAttributes attr{};
+  const cudaError_t err = cudaFuncGetAttributes(&attr, image_probe_kernel);
+  (void)cudaGetLastError();
+  (void)cudaSetDevice(previous);
+  return err != cudaErrorInvalidDeviceFunction && err != cudaErrorNoKernelImageForDevice;
+}
+
+int cuda_compute_capability(int device) noexcept {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return major * 10 + minor;
+}
+
 }  // namespace mxt

@@ -66,3 +66,27 @@ TEST(DeviceInfo, GpuVisible) {
   EXPECT_NE(s.find("sm_"), std::string::npos) << s;
   std::printf("CUDA devices: %d: %s\n", n, s.c_str());
 }
+
+TEST(DeviceInfo, BuiltArchitecturesAreNamed) {
+  const std::string archs = mxt::cuda_built_archs();
+#ifdef MXTRAIN_HAVE_CUDA
+  EXPECT_NE(archs.find("90a"), std::string::npos) << archs << ": every CUDA build includes Hopper";
+#else
+  EXPECT_EQ(archs, "none");
+  EXPECT_FALSE(mxt::cuda_binary_runs_on(0));
+#endif
+}
+
+// On the GPU machine: this binary runs on every visible GPU (the check behind backend=cuda's start-up error for a
+// GPU the build has no kernels for), and each reports its compute capability.
+TEST(DeviceInfo, BinaryRunsOnTheVisibleGpus) {
+  const int n = mxt::cuda_device_count();
+  if (n == 0) {
+    if (gpu_expected()) FAIL() << "MXTRAIN_EXPECT_GPU=1 but no CUDA device is visible";
+    GTEST_SKIP() << "no CUDA device visible";
+  }
+  for (int d = 0; d < n; ++d) {
+    EXPECT_TRUE(mxt::cuda_binary_runs_on(d)) << "device " << d << " of " << mxt::cuda_device_summary();
+    EXPECT_GE(mxt::cuda_compute_capability(d), 90) << "device " << d;
+  }
+}

@@ -9,6 +9,9 @@ namespace mxt {
 int cuda_device_count() noexcept { return 0; }
 
 std::string cuda_device_summary() { return "no CUDA device"; }
+const char* cuda_built_archs() noexcept { return "none"; }
+bool cuda_binary_runs_on(int) noexcept { return false; }
+int cuda_compute_capability(int) noexcept { return 0; }
 
 }  // namespace mxt
 

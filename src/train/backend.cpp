@@ -17,7 +17,15 @@ std::unique_ptr<Ops> make_backend(const std::string& backend, std::string& why, 
       throw ConfigError("backend=" + backend + ": this rank needs GPU " + std::to_string(device) + " (one GPU per " +
                         "local rank) but " + std::to_string(gpus) + " are visible; run at most " +
                         std::to_string(gpus) + " ranks per node");
+    if (!cuda_binary_runs_on(device))
+      throw ConfigError("backend=" + backend + ": this mxtrain has no kernels for GPU " + std::to_string(device) +
+                        " of " + cuda_device_summary() + ": it was built for CUDA architectures " +
+                        cuda_built_archs() + ". Rebuild on this machine (scripts/build.sh adds the Blackwell GPUs " +
+                        "nvidia-smi reports) or configure with -DCMAKE_CUDA_ARCHITECTURES naming this GPU's");
     why = "backend=" + backend + ": CUDA device " + std::to_string(device) + " of " + cuda_device_summary();
+    if (const int cc = cuda_compute_capability(device); cc != 0 && cc != 90)
+      why += "; not a Hopper GPU, so the generic CUDA kernels run instead of the sm_90a ones (correct, slower)" +
+             std::string(cc >= 100 ? "; the MXFP8 dense linears use cuBLASLt's block-scaled GEMM (untested path)" : "");
     return make_cuda_ops(device);
   }
 #else
