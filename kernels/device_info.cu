@@ -47,16 +47,16 @@ namespace {
 __global__ void image_probe_kernel() {}
 }  // namespace
 
+// Leaves `device` current: setting another device back would create a context there (CUDA 12+), and every
+// caller goes on to use this one.
 bool cuda_binary_runs_on(int device) noexcept {
-  int previous = 0;
-  if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+  if (cudaSetDevice(device) != cudaSuccess) {
     (void)cudaGetLastError();
     return true;  // cannot tell: the caller's own errors will name the device
   }
   cudaFuncAttributes attr{};
   const cudaError_t err = cudaFuncGetAttributes(&attr, image_probe_kernel);
   (void)cudaGetLastError();
-  (void)cudaSetDevice(previous);
   return err != cudaErrorInvalidDeviceFunction && err != cudaErrorNoKernelImageForDevice;
 }
 

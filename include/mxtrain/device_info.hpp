@@ -17,7 +17,8 @@ std::string cuda_device_summary();
 // The CUDA architectures this binary was built for ("90a;100a"); "none" in the CPU-only build.
 const char* cuda_built_archs() noexcept;
 // False only when the CUDA runtime says this binary holds no kernel image that device `device` can run (built
-// for other architectures); true otherwise, including when it cannot tell. The CPU-only build: false.
+// for other architectures); true otherwise, including when it cannot tell. Makes `device` the current device.
+// The CPU-only build: false.
 bool cuda_binary_runs_on(int device) noexcept;
 // major * 10 + minor of device `device` (90 for Hopper), 0 when unknown.
 int cuda_compute_capability(int device) noexcept;
