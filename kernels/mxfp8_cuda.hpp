@@ -76,8 +76,11 @@ void dense_gemm_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tenso
 void dense_gemm_wgrad_cuda(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& all_k, const Tensor& C);
 // The cuBLASLt launcher: C = A B^T + beta C (A [M, K], B [N, K], batch 1, K-major views of any direction; C
 // [M, N] BF16 or F32). Returns false, with nothing launched, unless the device is sm_100+, the implementation is
-// not forced to the baseline (MXTRAIN_MXFP8_GEMM / set_gemm_impl) and cuBLASLt has an algorithm for the shape.
-bool dense_gemm_sm100(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& C, float beta);
+// not forced to the baseline (MXTRAIN_MXFP8_GEMM / set_gemm_impl), cuBLASLt has an algorithm for the shape and
+// that algorithm agreed with the baseline kernel at the shape's first eager call (a check that synchronises
+// once per shape and uses `offsets`, the dense offsets {0, M} or {0, K} for beta 0 or 1).
+bool dense_gemm_sm100(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& C, float beta,
+                      const Tensor& offsets);
 // Scales [batch][rows][C] (an MxView's order) -> cuBLASLt's tiles, tiled_scale_bytes(rows, C) per batch entry,
 // padding zeroed: mxfp8::tile_scales on the device. Any CUDA GPU (its test runs on Hopper).
 void tile_scales_cuda(CudaOps& ops, const uint8_t* scales, int64_t batch, int64_t rows, int64_t C, uint8_t* out);
