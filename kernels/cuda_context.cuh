@@ -18,6 +18,7 @@ struct CudaContext {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int num_sms = 0;
+  int compute_capability = 0;  // major * 10 + minor (90 for Hopper)
   int sm_reserve = 0;  // left to a concurrent collective by the persistent GEMMs (set_sm_reserve)
   int gemm_sms() const { return num_sms - sm_reserve > 1 ? num_sms - sm_reserve : 1; }
   std::unique_ptr<StageClock> clock;  // MXTRAIN_STAGE_TIMING=1 only (kernels/stage_clock.cu)

@@ -2,6 +2,7 @@
 #include "cuda_common.cuh"
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
+#include "mxtrain/device_info.hpp"
 
 #include <cstdlib>
 #include <cstring>
@@ -123,6 +124,7 @@ CudaOps::CudaOps(int device) : ctx_(new CudaContext) {
   ctx_->workspace_bytes = 64ull << 20;  // cuBLASLt's recommendation for Hopper is >= 32 MiB
   cuda::check(cudaMalloc(&ctx_->workspace, ctx_->workspace_bytes), op, "cudaMalloc(workspace)");
   cuda::check(cudaDeviceGetAttribute(&ctx_->num_sms, cudaDevAttrMultiProcessorCount, device), op, "SM count");
+  ctx_->compute_capability = cuda_compute_capability(device);
   const char* timing = std::getenv("MXTRAIN_STAGE_TIMING");
   if (timing && std::strcmp(timing, "0") != 0 && !stage_clock()) {
     ctx_->clock = make_cuda_stage_clock(ctx_->stream);

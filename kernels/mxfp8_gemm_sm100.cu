@@ -12,7 +12,6 @@
 #include <cublasLt.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -40,20 +39,6 @@ __global__ void tile_scales_kernel(const uint8_t* __restrict__ s, int64_t batch,
     const int64_t c = i % C, r = (i / C) % rows, b = i / (C * rows);
     out[b * tiled + tiled_scale_offset(r, c, C)] = s[i];
   }
-}
-
-bool device_is_blackwell(int device) {
-  static std::atomic<int> cache[64];  // 0 unknown, 1 no, 2 yes
-  if (device < 0 || device >= 64) return false;
-  int v = cache[device].load();
-  if (v == 0) {
-    int major = 0;
-    cuda::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "mxfp8 sm100",
-                "compute capability");
-    v = major >= 10 ? 2 : 1;
-    cache[device].store(v);
-  }
-  return v == 2;
 }
 
 struct Key {
@@ -139,11 +124,8 @@ void tile_scales_cuda(CudaOps& ops, const uint8_t* scales, int64_t batch, int64_
   if (batch < 0 || rows < 0 || C < 0) cuda::fail(op, "negative extent");
   const int64_t tiled = tiled_scale_bytes(rows, C);
   cudaStream_t st = ops.ctx().stream;
-  if (batch == 0 || rows == 0 || C == 0) {
-    if (batch > 0 && tiled > 0) cuda::check(cudaMemsetAsync(out, 0, batch * tiled, st), op, "memset");
-    return;
-  }
-  cuda::check(cudaMemsetAsync(out, 0, batch * tiled, st), op, "memset");  // the padding
+  if (batch == 0 || tiled == 0) return;
+  if (tiled != rows * C) cuda::check(cudaMemsetAsync(out, 0, batch * tiled, st), op, "memset");  // the padding
   const int threads = 256;
   tile_scales_kernel<<<cuda::blocks_for(batch * rows * C, threads), threads, 0, st>>>(scales, batch, rows, C, tiled,
                                                                                        out);
@@ -219,7 +201,7 @@ bool agrees_with_baseline(CudaOps& ops, Plan& p, const MxView& A, const MxView& 
 bool dense_gemm_sm100(CudaOps& ops, const MxView& A, const MxView& B, const Tensor& C, float beta,
                       const Tensor& offsets) {
   CudaContext& ctx = ops.ctx();
-  if (baseline_forced() || !device_is_blackwell(ctx.device)) return false;
+  if (baseline_forced() || ctx.compute_capability < 100) return false;
   // Anything unusual goes to the grouped entry points, whose checks name the bad argument.
   if (A.device != Device::CUDA || B.device != Device::CUDA || C.device != Device::CUDA) return false;
   if (A.batch != 1 || B.batch != 1 || A.op_k() != B.op_k()) return false;

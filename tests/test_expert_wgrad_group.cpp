@@ -49,10 +49,7 @@ struct RandomMicroBatches {
 };
 
 TrainConfig config(int64_t group, int64_t acc) {
-  TrainConfig c = tiny_config("mxtrain_test_expert_wgrad_group", 32, 48);
-  c.num_train_steps = 5;
-  c.grad_acc_steps = acc;
-  c.lr_scheduler = {1, 4, 0.1};
+  TrainConfig c = five_step_config("mxtrain_test_expert_wgrad_group", acc);
   c.expert_wgrad_micro_batches = group;
   return c;
 }

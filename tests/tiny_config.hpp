@@ -43,4 +43,13 @@ inline TrainConfig tiny_config(const std::string& output_name, int64_t hidden = 
   return c;
 }
 
+// Five steps of grad_acc_steps = acc micro-batches (warm-up 1, decay 4): the weight-gradient grouping tests' run.
+inline TrainConfig five_step_config(const std::string& output_name, int64_t acc) {
+  TrainConfig c = tiny_config(output_name, 32, 48);
+  c.num_train_steps = 5;
+  c.grad_acc_steps = acc;
+  c.lr_scheduler = {1, 4, 0.1};
+  return c;
+}
+
 }  // namespace mxt::testing

@@ -26,17 +26,18 @@ namespace mxt {
 namespace {
 int64_t local_experts(const TrainConfig& c) { return c.model.num_local_experts / c.parallelism.ep_size; }
 
-// Micro-batches per expert weight-gradient GEMM as it takes effect: at most the step's, and 1 for the MXFP8
-// experts on the FP8 kernels (hopper_gemm=fp8: their own weight-gradient kernels).
-int64_t expert_wgrad_group(const TrainConfig& cfg) {
-  if (cfg.fp8.fp8_kernels()) return 1;
-  return std::max<int64_t>(1, std::min(cfg.expert_wgrad_micro_batches, cfg.grad_acc_steps));
+// A weight-gradient group of `requested` micro-batches as it takes effect: at most the step's.
+int64_t capped_group(int64_t requested, const TrainConfig& cfg) {
+  return std::max<int64_t>(1, std::min(requested, cfg.grad_acc_steps));
 }
 
-// Micro-batches per LM-head weight-gradient GEMM as it takes effect: at most the step's.
-int64_t lm_head_wgrad_group(const TrainConfig& cfg) {
-  return std::max<int64_t>(1, std::min(cfg.lm_head_wgrad_micro_batches, cfg.grad_acc_steps));
+// Expert weight-gradient groups; 1 for the MXFP8 experts on the FP8 kernels (hopper_gemm=fp8: their own
+// weight-gradient kernels).
+int64_t expert_wgrad_group(const TrainConfig& cfg) {
+  return cfg.fp8.fp8_kernels() ? 1 : capped_group(cfg.expert_wgrad_micro_batches, cfg);
 }
+
+int64_t lm_head_wgrad_group(const TrainConfig& cfg) { return capped_group(cfg.lm_head_wgrad_micro_batches, cfg); }
 
 std::shared_ptr<ProcessGroups> checked_groups(const TrainConfig& c, std::shared_ptr<ProcessGroups> g) {
   if (!g) g = make_single_process_groups();
