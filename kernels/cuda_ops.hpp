@@ -19,7 +19,9 @@
 //   adamw_step           all F32 (adamw_step_to: working BF16 or F32)
 //   zero/copy/add/mul/scale: any float dtype (copy converts F32 <-> BF16); sum_squares: F32 or BF16 in, F32 acc
 #include <cstddef>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "mxtrain/ops.hpp"
 
@@ -134,6 +136,21 @@ class CudaOps : public Ops {
   std::unordered_map<void*, size_t> sizes_;  // live allocations, for the memory report
   int64_t lm_head_chunk_ = 4096;              // set_lm_head_chunk_tokens
 };
+
+// One of cuBLASLt's heuristic algorithms for a gemm problem (rank 0 is the one CudaOps::gemm runs) and its
+// median time over the timed runs.
+struct GemmCandidate {
+  int rank;
+  float ms;
+  std::string config;  // algorithm id, tile, stages, split-k, swizzle, cluster
+};
+
+// Times the heuristic's first max_algos algorithms for gemm(trans_a, trans_b, M, N, K, alpha, A, B, beta, C),
+// each warm-up + `reps` runs, synchronising: C is written 1 + reps times per algorithm, so beta must be 0 or C
+// a scratch copy. For benchmarks (bench_gemm_algos), not for the training step.
+std::vector<GemmCandidate> gemm_candidates(CudaOps& ops, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                           float alpha, const Tensor& A, const Tensor& B, float beta,
+                                           const Tensor& C, int max_algos, int reps);
 
 // Throws std::runtime_error when no CUDA device is usable.
 std::unique_ptr<Ops> make_cuda_ops(int device = 0);

@@ -11,13 +11,18 @@
 //
 // Matmul / layout descriptors and the heuristic's algorithm are cached per (device, shape, transposes, C dtype,
 // operand alignments, workspace size) in a small host-side map, so repeated calls skip the heuristic query.
+// gemm_candidates (cuda_ops.hpp) times the heuristic's first few algorithms for one problem: the evidence for
+// whether its first choice is worth second-guessing (bench_gemm_algos).
 #include <cublasLt.h>
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "cuda_common.cuh"
 #include "cuda_context.cuh"
@@ -106,8 +111,10 @@ void check_lt(cublasStatus_t st, const char* what, const PlanKey& k) {
                            cublasLtGetStatusString(st) + ") for " + describe(k));
 }
 
-// Builds the descriptors and queries the heuristic for one configuration.
-Plan* make_plan(const PlanKey& k, cublasLtHandle_t lt) {
+// Builds the descriptors and queries the heuristic for one configuration: its first `want` algorithms into
+// `more` when given, the first always into the plan.
+Plan* make_plan(const PlanKey& k, cublasLtHandle_t lt, int want = 1,
+                std::vector<cublasLtMatmulHeuristicResult_t>* more = nullptr) {
   Plan* p = new Plan;
   try {
     const cudaDataType_t c_type = k.c_dtype == static_cast<int>(DType::F32) ? CUDA_R_32F : CUDA_R_16BF;
@@ -131,7 +138,7 @@ Plan* make_plan(const PlanKey& k, cublasLtHandle_t lt) {
 
     cublasLtMatmulPreference_t pref = nullptr;
     check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", k);
-    cublasLtMatmulHeuristicResult_t result{};
+    std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(want < 1 ? 1 : want));
     int found = 0;
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                              &k.workspace, sizeof(k.workspace));
@@ -155,15 +162,17 @@ Plan* make_plan(const PlanKey& k, cublasLtHandle_t lt) {
       st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
                                                 sizeof(schemes));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+      st = cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->a, p->b, p->c, p->c, pref, static_cast<int>(results.size()),
+                                          results.data(), &found);
     cublasLtMatmulPreferenceDestroy(pref);
     check_lt(st, "cublasLtMatmulAlgoGetHeuristic", k);
-    if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS)
+    if (found < 1 || results[0].state != CUBLAS_STATUS_SUCCESS)
       cuda::fail("gemm", "cuBLASLt found no algorithm for " + describe(k) + " (alignments A " +
                              std::to_string(k.align_a) + ", B " + std::to_string(k.align_b) + ", C " +
                              std::to_string(k.align_c) + " bytes)");
-    p->algo = result.algo;
-    p->workspace_needed = result.workspaceSize;
+    p->algo = results[0].algo;
+    p->workspace_needed = results[0].workspaceSize;
+    if (more) more->assign(results.begin(), results.begin() + found);
     return p;
   } catch (...) {
     delete p;
@@ -173,16 +182,18 @@ Plan* make_plan(const PlanKey& k, cublasLtHandle_t lt) {
 
 }  // namespace
 
-void CudaOps::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const Tensor& A,
-                   const Tensor& B, float beta, const Tensor& C) {
+namespace {
+
+// Argument checks shared by gemm and gemm_candidates; false when there is nothing to multiply (M or N zero).
+bool check_gemm_args(int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B, const Tensor& C) {
   const char* op = "gemm";
   if (M < 0 || N < 0 || K < 0)
     cuda::fail(op, "negative size M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
   cuda::expect_numel(A, M * K, op, "A");
   cuda::expect_numel(B, K * N, op, "B");
   cuda::expect_numel(C, M * N, op, "C");
-  const cuda::bf16* a = cuda::bf16p(A, op, "A");
-  const cuda::bf16* b = cuda::bf16p(B, op, "B");
+  (void)cuda::bf16p(A, op, "A");
+  (void)cuda::bf16p(B, op, "B");
   if (C.dtype != DType::F32 && C.dtype != DType::BF16)
     cuda::fail(op, std::string("C must be f32 or bf16, got ") + dtype_name(C.dtype) + " " + C.shape_str());
   cuda::expect_dtype(C, C.dtype, op, "C");  // device / data checks
@@ -190,7 +201,73 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
     cuda::fail(op, "dimension exceeds 2^31-1: M=" + std::to_string(M) + " N=" + std::to_string(N) +
                        " K=" + std::to_string(K));
-  if (M == 0 || N == 0) return;
+  return M != 0 && N != 0;
+}
+
+PlanKey plan_key(const CudaContext& c, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                 const Tensor& A, const Tensor& B, const Tensor& C) {
+  return {c.device, trans_a, trans_b, M, N, K, static_cast<int>(C.dtype), pointer_alignment(A.data),
+          pointer_alignment(B.data), pointer_alignment(C.data), c.workspace_bytes};
+}
+
+std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
+    uint32_t v = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS) return -1;
+    return static_cast<int>(v);
+  };
+  return "algo " + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID)) + " tile " + std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID)) +
+         " stages " + std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID)) + " splitk " +
+         std::to_string(get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " swizzle " +
+         std::to_string(get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)) + " cluster " +
+         std::to_string(get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+}
+
+}  // namespace
+
+std::vector<GemmCandidate> gemm_candidates(CudaOps& ops, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                           float alpha, const Tensor& A, const Tensor& B, float beta,
+                                           const Tensor& C, int max_algos, int reps) {
+  std::vector<GemmCandidate> out;
+  if (!check_gemm_args(M, N, K, A, B, C) || K == 0) return out;
+  CudaContext& c = ops.ctx();
+  const PlanKey key = plan_key(c, trans_a, trans_b, M, N, K, A, B, C);
+  std::vector<cublasLtMatmulHeuristicResult_t> found;
+  std::unique_ptr<Plan> plan(make_plan(key, c.lt, max_algos, &found));
+  cudaEvent_t ev[2];
+  cuda::check(cudaEventCreate(&ev[0]), "gemm_candidates", "cudaEventCreate");
+  cuda::check(cudaEventCreate(&ev[1]), "gemm_candidates", "cudaEventCreate");
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (found[i].workspaceSize > c.workspace_bytes) continue;
+    auto run = [&] {
+      check_lt(cublasLtMatmul(c.lt, plan->op, &alpha, B.data, plan->a, A.data, plan->b, &beta, C.data, plan->c,
+                              C.data, plan->c, &found[i].algo, c.workspace, c.workspace_bytes, c.stream),
+               "cublasLtMatmul", key);
+    };
+    run();  // warm-up
+    std::vector<float> ms;
+    for (int r = 0; r < reps; ++r) {
+      cuda::check(cudaEventRecord(ev[0], c.stream), "gemm_candidates", "cudaEventRecord");
+      run();
+      cuda::check(cudaEventRecord(ev[1], c.stream), "gemm_candidates", "cudaEventRecord");
+      cuda::check(cudaEventSynchronize(ev[1]), "gemm_candidates", "cudaEventSynchronize");
+      float m = 0;
+      cuda::check(cudaEventElapsedTime(&m, ev[0], ev[1]), "gemm_candidates", "cudaEventElapsedTime");
+      ms.push_back(m);
+    }
+    std::sort(ms.begin(), ms.end());
+    out.push_back({static_cast<int>(i), ms[ms.size() / 2], algo_config(found[i].algo)});
+  }
+  cudaEventDestroy(ev[0]);
+  cudaEventDestroy(ev[1]);
+  return out;
+}
+
+void CudaOps::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const Tensor& A,
+                   const Tensor& B, float beta, const Tensor& C) {
+  const char* op = "gemm";
+  if (!check_gemm_args(M, N, K, A, B, C)) return;
   CudaContext& c = ctx();
 
   if (K == 0) {  // op(A) op(B) is all zeros: C = beta C
@@ -206,17 +283,7 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
     return;
   }
 
-  PlanKey key{c.device,
-              trans_a,
-              trans_b,
-              M,
-              N,
-              K,
-              static_cast<int>(C.dtype),
-              pointer_alignment(a),
-              pointer_alignment(b),
-              pointer_alignment(C.data),
-              c.workspace_bytes};
+  const PlanKey key = plan_key(c, trans_a, trans_b, M, N, K, A, B, C);
 
   PlanCache& cache = plan_cache();
   std::lock_guard<std::mutex> lock(cache.mu);
@@ -229,7 +296,7 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
   const Plan& plan = *it->second;
   // Lt "A" = buffer B, Lt "B" = buffer A (see the header comment).
   const cublasStatus_t st =
-      cublasLtMatmul(c.lt, plan.op, &alpha, b, plan.a, a, plan.b, &beta, C.data, plan.c, C.data, plan.c,
+      cublasLtMatmul(c.lt, plan.op, &alpha, B.data, plan.a, A.data, plan.b, &beta, C.data, plan.c, C.data, plan.c,
                      &plan.algo, c.workspace, c.workspace_bytes, c.stream);
   check_lt(st, "cublasLtMatmul", key);
 }

@@ -107,6 +107,14 @@ TEST(LmHeadWgradGroup, PlanConfigAndWarnings) {
   EXPECT_EQ(p_on.activation_bytes - p_off.activation_bytes,
             static_cast<size_t>(4 * T * (on.model.vocab_size + on.model.hidden_size) * 2));
   EXPECT_NE(format_memory_plan(on, p_on).find("4 micro-batches' LM-head logit gradients held"), std::string::npos);
+  // The step makes its logits in the held gradients: no logits chunk, unless an evaluation's forward needs it.
+  EXPECT_EQ(p_on.scratch_bytes, static_cast<size_t>(T) * sizeof(float));
+  EXPECT_EQ(p_off.scratch_bytes - p_on.scratch_bytes,
+            static_cast<size_t>(p_off.lm_head_rows * on.model.vocab_size) * 2);
+  TrainConfig evaluated = on;
+  evaluated.validation.every_n_steps = 5;
+  EXPECT_EQ(plan_memory(evaluated, DType::BF16).scratch_bytes, p_off.scratch_bytes);
+  EXPECT_NE(format_memory_plan(on, p_on).find("LM-head logits (in the held logit gradients"), std::string::npos);
   EXPECT_NE(plan_fit_problem(on, p_on, 1).find("lm_head_wgrad_micro_batches=1"), std::string::npos);
   EXPECT_EQ(plan_fit_problem(off, p_off, 1).find("lm_head_wgrad_micro_batches"), std::string::npos);
 

@@ -671,9 +671,12 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
                        cfg.fp8, cfg.recompute_experts, expert_wgrad_group(cfg), lm_head_wgrad_group(cfg));
   p.activation_bytes = planned.arena().total_bytes();
   p.fp8_weight_bytes = planned.mx_weight_arena().total_bytes();
-  // The LM-head loss's logits chunk (the backend's activation dtype) and its per-token losses.
+  // The LM-head loss's logits chunk (the backend's activation dtype) and its per-token losses. With held logit
+  // gradients (lm_head_wgrad_micro_batches > 1) the step makes its logits in them, and only an evaluation's
+  // forward needs the chunk.
   const int64_t T = cfg.dataset.micro_batch_size * cfg.dataset.max_seq_length;
-  p.lm_head_rows = lm_head_chunk_rows(T, cfg.lm_head_chunk_tokens);
+  const bool chunk_used = lm_head_wgrad_group(cfg) == 1 || cfg.validation.every_n_steps > 0;
+  p.lm_head_rows = chunk_used ? lm_head_chunk_rows(T, cfg.lm_head_chunk_tokens) : 0;
   p.scratch_bytes = static_cast<size_t>(p.lm_head_rows * cfg.model.vocab_size) * act + static_cast<size_t>(T) * sizeof(float);
   std::vector<std::pair<std::string, size_t>> all;
   for (const auto& e : planned.arena().entries()) all.emplace_back(e.name, e.bytes);
@@ -706,7 +709,7 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       "dense{}, {} expert)\n"
       "{}"
       "  activations (arena{}): {:.2f} GiB\n"
-      "  LM-head logits ({} tokens at a time, lm_head_chunk_tokens): {:.2f} GiB\n"
+      "  LM-head logits ({}): {:.2f} GiB\n"
       "  total: {:.2f} GiB\n  largest activation buffers:\n",
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
       act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts, working,
@@ -729,7 +732,10 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
                ? fmt::format("; {} micro-batches' LM-head logit gradients held (lm_head_wgrad_micro_batches)",
                              lm_head_wgrad_group(cfg))
                : std::string()),
-      gib(p.activation_bytes), p.lm_head_rows, gib(p.scratch_bytes), gib(p.total_bytes()));
+      gib(p.activation_bytes),
+      p.lm_head_rows ? fmt::format("{} tokens at a time, lm_head_chunk_tokens", p.lm_head_rows)
+                     : std::string("in the held logit gradients; per-token losses only"),
+      gib(p.scratch_bytes), gib(p.total_bytes()));
   for (const auto& [name, bytes] : p.largest) s += fmt::format("    {:<28} {:10.1f} MiB\n", name, bytes / 1048576.0);
   return s;
 }

@@ -43,30 +43,6 @@ using mxt::Tensor;
 
 
 
-// Uniform random bf16 in [-scale, scale), generated in chunks on the host (splitmix64) and uploaded.
-void fill_random(mxt::Ops& ops, const Tensor& t, uint64_t seed, float scale) {
-  const int64_t n = t.numel();
-  const int64_t chunk = 16 << 20;
-  std::vector<uint16_t> h(static_cast<size_t>(std::min(n, chunk)));
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t off = 0; off < n; off += chunk) {
-    const int64_t m = std::min(chunk, n - off);
-    for (int64_t i = 0; i < m; i += 4) {
-      s += 0x9E3779B97F4A7C15ull;
-      uint64_t z = s;
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-      z ^= z >> 31;
-      for (int j = 0; j < 4 && i + j < m; ++j) {
-        const float u = (static_cast<float>((z >> (16 * j)) & 0xFFFF) / 65536.f * 2.f - 1.f) * scale;
-        h[i + j] = bf16_bits(u);
-      }
-    }
-    ops.upload(static_cast<uint16_t*>(t.data) + off, h.data(), static_cast<size_t>(m) * 2);
-  }
-}
-
-
 struct Shape {
   const char* name;
   int64_t rows, hidden, inter;
@@ -119,12 +95,12 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
   ops.upload(OFF.t.data, off.data(), off.size() * 4);
   Buf x(ops, DType::BF16, {R, d}), w13(ops, DType::BF16, {E, 2 * f, d}), act(ops, DType::BF16, {R, f});
   Buf w2(ops, DType::BF16, {E, d, f}), dh13(ops, DType::BF16, {R, 2 * f}), dy(ops, DType::BF16, {R, d});
-  fill_random(ops, x.t, 1, 1.f);
-  fill_random(ops, w13.t, 2, 0.02f);
-  fill_random(ops, act.t, 3, 1.f);
-  fill_random(ops, w2.t, 4, 0.02f);
-  fill_random(ops, dh13.t, 5, 1.f);
-  fill_random(ops, dy.t, 6, 1.f);
+  fill_uniform(ops, x.t, 1, 1.f);
+  fill_uniform(ops, w13.t, 2, 0.02f);
+  fill_uniform(ops, act.t, 3, 1.f);
+  fill_uniform(ops, w2.t, 4, 0.02f);
+  fill_uniform(ops, dh13.t, 5, 1.f);
+  fill_uniform(ops, dy.t, 6, 1.f);
   Buf acc2(ops, DType::F32, {2});
   // Routing weights for the SwiGLU fusions (0.25 .. 0.68, never zero).
   Buf wp(ops, DType::F32, {R});

@@ -40,6 +40,29 @@ inline uint16_t bf16_bits(float v) {
   return static_cast<uint16_t>((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
 }
 
+// Uniform random bf16 in [-scale, scale), generated in chunks on the host (splitmix64) and uploaded.
+inline void fill_uniform(Ops& ops, const Tensor& t, uint64_t seed, float scale) {
+  const int64_t n = t.numel();
+  const int64_t chunk = 16 << 20;
+  std::vector<uint16_t> h(static_cast<size_t>(std::min(n, chunk)));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t off = 0; off < n; off += chunk) {
+    const int64_t m = std::min(chunk, n - off);
+    for (int64_t i = 0; i < m; i += 4) {
+      s += 0x9E3779B97F4A7C15ull;
+      uint64_t z = s;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      z ^= z >> 31;
+      for (int j = 0; j < 4 && i + j < m; ++j) {
+        const float u = (static_cast<float>((z >> (16 * j)) & 0xFFFF) / 65536.f * 2.f - 1.f) * scale;
+        h[i + j] = bf16_bits(u);
+      }
+    }
+    ops.upload(static_cast<uint16_t*>(t.data) + off, h.data(), static_cast<size_t>(m) * 2);
+  }
+}
+
 struct Timing {
   double median_ms = 0, min_ms = 0;
 };
