@@ -796,10 +796,13 @@ int tile_n() {
   return v;
 }
 
+// CTA pairs by default: under the H200's power cap the trainer runs faster with the pair's shared tile (8x7B
+// layers +1.9%, 8x1B and MXFP8 equal, the same losses bit for bit; docs/perf.md, session 24), though a lone call
+// is no faster (session 22).
 int cluster_size() {
   const int o = g_cluster.load();
   if (o != 0) return o;
-  static const int v = 1 + env_choice("MXTRAIN_GG_CLUSTER", {"1", "2"});
+  static const int v = env_choice("MXTRAIN_GG_CLUSTER", {"2", "1"}) == 0 ? 2 : 1;
   return v;
 }
 

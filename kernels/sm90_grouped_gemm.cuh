@@ -23,8 +23,8 @@ enum class GroupedImpl { Auto, Wmma, Sm90 };
 void set_grouped_impl(GroupedImpl impl);
 // The N width of the sm90 block tile: 256 (default; env MXTRAIN_GG_BN) or 128. 0 restores the default.
 void set_grouped_tile_n(int bn);
-// CTAs per cluster: 1 (default; env MXTRAIN_GG_CLUSTER) or 2 (pairs share a tile through TMA multicast: the weight
-// tile in the forward and dgrad, the dy tile in the wgrad).
+// CTAs per cluster: 2 (default; env MXTRAIN_GG_CLUSTER; pairs share a tile through TMA multicast: the weight tile in
+// the forward and dgrad, the dy tile in the wgrad) or 1.
 // 0 restores the default.
 void set_grouped_cluster(int ctas);
 // Forward / dgrad epilogue: 1 = TMA stores (default; env MXTRAIN_GG_STORE=tma), 0 = direct register stores

@@ -13,8 +13,10 @@ embedded byte-level corpus instead (the rows in docs/perf.md before session 15),
 experts' loads.
 
   python3 scripts/bench_trainer.py --mxtrain build/mxtrain --hf-baseline ../shared/bench/hf_baseline.py 8x1B
+--hf-baseline none skips the baseline (a second mxtrain variant beside a baseline already run in the same call).
+Each row carries the wall-clock start and end of both runs (epoch seconds), to line them up with a GPU sampler.
 """
-import argparse, json, os, subprocess, sys
+import argparse, json, os, subprocess, sys, time
 
 SHAPES = {  # preset: (our config name and overrides, HF shape numbers for the FLOP formula, seq, HF steps)
     "8x1B": ("bench_8x1B", [], dict(d=2048, f=4096, L=16, H=16, KVH=8, E=8, k=2, V=128256), 4096, 4),
@@ -54,6 +56,7 @@ def main():
         cfg, overrides, shape, seq, hf_steps = SHAPES[preset]
         run_dir = os.path.join(a.out, cfg)
         log = os.path.join(a.out, cfg + ".log")
+        t0 = time.time()
         with open(log, "w") as f:
             rc = subprocess.run([a.mxtrain, "--config-name", cfg, "backend=cuda", f"dataset.source={a.data}",
                                  f"output_dir={run_dir}"] + overrides + a.set, stdout=f, stderr=subprocess.STDOUT).returncode
@@ -64,16 +67,22 @@ def main():
             ours = (steps[-1]["tokens"] - w["tokens"]) / (steps[-1]["elapsed_s"] - w["elapsed_s"])
         else:
             sys.stderr.write(open(log).read()[-2000:])
-        hf = subprocess.run([sys.executable, a.hf_baseline, "--preset", preset, "--seq", str(seq), "--mbs", "1",
-                             "--acc", "8", "--steps", str(hf_steps), "--warmup", str(WARMUP_STEPS)], capture_output=True, text=True)
-        hf_line = [l for l in hf.stdout.splitlines() if l.startswith("{")]
-        theirs = json.loads(hf_line[-1])["tokens_per_s"] if hf_line else None
-        if not hf_line:
-            sys.stderr.write(hf.stderr[-2000:])
+        t1 = time.time()
+        theirs = None
+        if a.hf_baseline != "none":
+            hf = subprocess.run([sys.executable, a.hf_baseline, "--preset", preset, "--seq", str(seq), "--mbs", "1",
+                                 "--acc", "8", "--steps", str(hf_steps), "--warmup", str(WARMUP_STEPS)],
+                                capture_output=True, text=True)
+            hf_line = [l for l in hf.stdout.splitlines() if l.startswith("{")]
+            theirs = json.loads(hf_line[-1])["tokens_per_s"] if hf_line else None
+            if not hf_line:
+                sys.stderr.write(hf.stderr[-2000:])
+        t2 = time.time()
         fpt = flops_per_token(shape, seq)
         row = dict(preset=preset, mxtrain_tokens_per_s=ours, hf_tokens_per_s=theirs,
                    mxtrain_tflops=ours and round(ours * fpt / 1e12, 1), hf_tflops=theirs and round(theirs * fpt / 1e12, 1),
-                   ratio=(ours / theirs) if ours and theirs else None, mxtrain_rc=rc, mxtrain_data=a.data)
+                   ratio=(ours / theirs) if ours and theirs else None, mxtrain_rc=rc, mxtrain_data=a.data,
+                   overrides=a.set, mxtrain_wall=[round(t0, 1), round(t1, 1)], hf_wall=[round(t1, 1), round(t2, 1)])
         rows.append(row)
         print(json.dumps(row), flush=True)
         with open(os.path.join(a.out, "bench.jsonl"), "a") as f:
