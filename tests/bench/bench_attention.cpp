@@ -252,11 +252,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_attention: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return mxt::bench::guarded_main("bench_attention", run, argc, argv); }

@@ -105,11 +105,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_gemm_algos: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return mxt::bench::guarded_main("bench_gemm_algos", run, argc, argv); }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
@@ -60,6 +61,16 @@ inline void fill_uniform(Ops& ops, const Tensor& t, uint64_t seed, float scale) 
       }
     }
     ops.upload(static_cast<uint16_t*>(t.data) + off, h.data(), static_cast<size_t>(m) * 2);
+  }
+}
+
+// A benchmark's main(): run(argc, argv), or the exception's message after the benchmark's name and exit status 1.
+inline int guarded_main(const char* name, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
   }
 }
 
