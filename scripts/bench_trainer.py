@@ -14,7 +14,9 @@ experts' loads.
 
   python3 scripts/bench_trainer.py --mxtrain build/mxtrain --hf-baseline ../shared/bench/hf_baseline.py 8x1B
 --hf-baseline none skips the baseline (a second mxtrain variant beside a baseline already run in the same call).
-Each row carries the wall-clock start and end of both runs (epoch seconds), to line them up with a GPU sampler.
+Each row carries the wall-clock start and end of both runs (epoch seconds), to line them up with a GPU sampler;
+--sample-gpu runs one (nvidia-smi, every 200 ms, into OUT/gpu_samples.csv) and prints each run's SM clock and power
+at the end (scripts/gpu_samples.py): an H200 training step sits at its 700 W cap, so the clock tells the story.
 """
 import argparse, json, os, subprocess, sys, time
 
@@ -49,9 +51,17 @@ def main():
     ap.add_argument("--data", choices=["random", "embedded"], default=os.environ.get("BENCH_DATA", "random"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an extra override for every mxtrain run (e.g. expert_wgrad_micro_batches=2); repeatable")
+    ap.add_argument("--sample-gpu", action="store_true",
+                    help="sample SM clock and board power with nvidia-smi and summarise them per run at the end")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows = []
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gpu_samples
+    samples_path = os.path.join(a.out, "gpu_samples.csv")
+    sampler = gpu_samples.start_sampler(samples_path) if a.sample_gpu else None
+    if a.sample_gpu and sampler is None:
+        sys.stderr.write("--sample-gpu: no nvidia-smi on PATH, nothing sampled\n")
     for preset in a.presets:
         cfg, overrides, shape, seq, hf_steps = SHAPES[preset]
         run_dir = os.path.join(a.out, cfg)
@@ -87,6 +97,11 @@ def main():
         print(json.dumps(row), flush=True)
         with open(os.path.join(a.out, "bench.jsonl"), "a") as f:
             f.write(json.dumps(row) + "\n")
+    if sampler is not None:
+        sampler.terminate()
+        sampler.wait()
+        print()
+        gpu_samples.report(samples_path, rows)
     print("\n| preset | mxtrain data | mxtrain tok/s | TFLOP/s | HF tok/s | TFLOP/s | ratio |\n"
           "|---|---|---|---|---|---|---|")
     for r in rows:

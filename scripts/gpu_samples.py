@@ -8,16 +8,42 @@ Sample the GPU beside the benchmark, then summarise over each row's mxtrain and 
   python3 scripts/bench_trainer.py --out DIR ...; kill %1
   python3 scripts/gpu_samples.py smi.csv DIR/bench.jsonl
 
+bench_trainer.py --sample-gpu does both steps itself. The sample file may be gzipped (.gz). Timestamps are read in
+the local time zone, as nvidia-smi writes them: summarise on the machine that sampled, or under the same TZ.
 Only samples drawing more than --busy-watts count (start-up, weight init and model loading draw far less), so the
 figures describe the training steps. Prints, per run: busy samples, median SM clock (MHz), median and max power
 (W), and the share of busy samples whose clock-event mask reports the software power cap (0x4).
 """
-import argparse, datetime, json, statistics
+import argparse, datetime, gzip, json, statistics, sys
+
+
+QUERY = "timestamp,clocks.sm,power.draw,{reasons}"
+
+
+def reasons_field():
+    """The clock-event mask's query name: clocks_event_reasons in current drivers, clocks_throttle_reasons before."""
+    import subprocess
+    for f in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
+        if subprocess.run(["nvidia-smi", f"--query-gpu={f}", "--format=csv"], capture_output=True).returncode == 0:
+            return f
+    return None
+
+
+def start_sampler(path, interval_ms=200):
+    """nvidia-smi writing a sample every interval_ms to path; None where there is no nvidia-smi."""
+    import shutil, subprocess
+    if not shutil.which("nvidia-smi"):
+        return None
+    reasons = reasons_field()
+    query = QUERY.format(reasons=reasons) if reasons else "timestamp,clocks.sm,power.draw"
+    return subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", "-lms", str(interval_ms)],
+                            stdout=open(path, "w"), stderr=subprocess.STDOUT)
 
 
 def parse_samples(path):
     out = []
-    for line in open(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    for line in opener(path, "rt"):
         parts = [p.strip() for p in line.split(",")]
         if len(parts) < 3:
             continue
@@ -32,26 +58,34 @@ def parse_samples(path):
     return out
 
 
+def report(samples_path, rows, busy_watts=300.0):
+    samples = parse_samples(samples_path)
+    print("| run | busy samples | SM clock MHz (median) | power W (median / max) | power-capped share |")
+    print("|---|---|---|---|---|")
+    printed = 0
+    for row in rows:
+        name = row["preset"] + (" " + " ".join(row.get("overrides") or []) if row.get("overrides") else "")
+        for who, key in (("mxtrain", "mxtrain_wall"), ("HF", "hf_wall")):
+            lo, hi = row.get(key) or (0, 0)
+            busy = [s for s in samples if lo <= s[0] <= hi and s[2] > busy_watts]
+            if not busy:
+                continue
+            capped = sum(1 for s in busy if s[3] & 0x4) / len(busy)
+            print(f"| {name} {who} | {len(busy)} | {statistics.median(s[1] for s in busy):.0f} | "
+                  f"{statistics.median(s[2] for s in busy):.0f} / {max(s[2] for s in busy):.0f} | {capped:.0%} |")
+            printed += 1
+    if not printed:
+        sys.stderr.write(f"gpu_samples: no sample above {busy_watts:.0f} W inside any run's window ({len(samples)} samples "
+                         "read): were they taken during these runs, and in this time zone (TZ)?\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("samples")
     ap.add_argument("bench_jsonl")
     ap.add_argument("--busy-watts", type=float, default=300.0)
     a = ap.parse_args()
-    samples = parse_samples(a.samples)
-    print("| run | busy samples | SM clock MHz (median) | power W (median / max) | power-capped share |")
-    print("|---|---|---|---|---|")
-    for line in open(a.bench_jsonl):
-        row = json.loads(line)
-        name = row["preset"] + (" " + " ".join(row.get("overrides") or []) if row.get("overrides") else "")
-        for who, key in (("mxtrain", "mxtrain_wall"), ("HF", "hf_wall")):
-            lo, hi = row.get(key) or (0, 0)
-            busy = [s for s in samples if lo <= s[0] <= hi and s[2] > a.busy_watts]
-            if not busy:
-                continue
-            capped = sum(1 for s in busy if s[3] & 0x4) / len(busy)
-            print(f"| {name} {who} | {len(busy)} | {statistics.median(s[1] for s in busy):.0f} | "
-                  f"{statistics.median(s[2] for s in busy):.0f} / {max(s[2] for s in busy):.0f} | {capped:.0%} |")
+    report(a.samples, [json.loads(l) for l in open(a.bench_jsonl)], a.busy_watts)
 
 
 if __name__ == "__main__":

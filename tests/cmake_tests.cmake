@@ -13,3 +13,12 @@ if(MXT_PYTHON3)
            ${CMAKE_SOURCE_DIR}/docs/data/8x7b_ep2_8_fp8_true.log)
   set_tests_properties(project_l1 PROPERTIES PASS_REGULAR_EXPRESSION "8-rank imbalance \\(g=2.5\\) \\| [0-9.]+ \\| [0-9]+")
 endif()
+
+# The power summary parses committed nvidia-smi samples (gzipped) over a committed bench_trainer.py call's run
+# windows (written on a UTC machine: the samples' timestamps are local time).
+if(MXT_PYTHON3)
+  add_test(NAME gpu_samples COMMAND ${MXT_PYTHON3} ${CMAKE_SOURCE_DIR}/scripts/gpu_samples.py
+           ${CMAKE_SOURCE_DIR}/docs/data/s24_smi_bench.csv.gz ${CMAKE_SOURCE_DIR}/docs/data/s24_bench_trainer.jsonl)
+  set_tests_properties(gpu_samples PROPERTIES ENVIRONMENT TZ=UTC
+                       PASS_REGULAR_EXPRESSION "8x7B-2layer mxtrain \\| 15 \\| 1440 \\| 689 / 706 \\| 100%.*8x7B-2layer HF \\| 23 \\| 1725")
+endif()
