@@ -31,7 +31,8 @@
 #   ov8x7b    8x7B layer shapes, 2 layers, EP=2, MXFP8, 4 steps of acc 8: the backward overlap on (0 and 16 SMs left
 #             to NCCL) and off: tokens/s and the overlapped exchange's time
 #   speed     issue 4's single-GPU figures in one call: bench_attention (8x1B, 8x7B shapes) beside PyTorch's SDPA,
-#             bench_grouped_gemm beside cuBLASLt, scripts/bench_trainer.py (8x1B, 8x7B 2 layers) beside the HF baseline
+#             bench_grouped_gemm beside cuBLASLt, scripts/bench_trainer.py (8x1B, 8x7B 2 layers) beside the HF baseline,
+#             with the GPU's clock and power per run (--sample-gpu)
 #   epnccl    8x1B (seq 4096, mbs 1, acc 8, 6 steps): 1 GPU, then EP=2 on 2 GPUs with NCCL's defaults and with
 #             NCCL_CTA_POLICY=2 (zero-CTA where NCCL can), with the backward combine overlapped and no SMs left to
 #             NCCL (tokens/s per GPU, NCCL time). Session 18: no change; NCCL_P2P_USE_CUDA_MEMCPY=1 (copy-engine
@@ -266,7 +267,7 @@ PY
     ;;
   trainer)
     CUDA_VISIBLE_DEVICES=0 timeout 400 python3 scripts/bench_trainer.py --mxtrain "$MX" \
-      --hf-baseline "$BIN_DIR/hf_baseline.py" --out "$OUT/bench_trainer" ${TRAINER_PRESETS:-L0_sanity 8x7B-2layer} \
+      --hf-baseline "$BIN_DIR/hf_baseline.py" --sample-gpu --out "$OUT/bench_trainer" ${TRAINER_PRESETS:-L0_sanity 8x7B-2layer} \
       >"$OUT/bench_trainer.log" 2>&1
     add "trainer vs HF (L0, 8x7B 2 layers)" "rc=$?"
     grep '^|' "$OUT/bench_trainer.log"
@@ -284,10 +285,11 @@ PY
     done
     timeout 120 python3 scripts/bench_attention_torch.py >"$OUT/speed_attn_torch.log" 2>&1
     add "torch SDPA bench" "rc=$?"
-    timeout 240 "$BIN_DIR/bench_grouped_gemm" --no-wmma --no-cluster --shape 8x7B >"$OUT/speed_gg.log" 2>&1
+    # with the CTA-pair rows (the trainer's default since session 24)
+    timeout 300 "$BIN_DIR/bench_grouped_gemm" --no-wmma --shape 8x7B >"$OUT/speed_gg.log" 2>&1
     add "bench_grouped_gemm 8x7B" "rc=$?"
     timeout 400 python3 scripts/bench_trainer.py --mxtrain "$MX" --hf-baseline "$BIN_DIR/hf_baseline.py" \
-      --out "$OUT/speed_trainer" 8x1B 8x7B-2layer >"$OUT/speed_trainer.log" 2>&1
+      --sample-gpu --out "$OUT/speed_trainer" 8x1B 8x7B-2layer >"$OUT/speed_trainer.log" 2>&1
     add "trainer vs HF (8x1B, 8x7B 2 layers)" "rc=$?"
     unset CUDA_VISIBLE_DEVICES
     grep -hE "^8x(1|7)B .*(flash-v0 |torch-flash|torch-cudnn)" "$OUT"/speed_attn_*.log
