@@ -15,10 +15,10 @@
 // whether its first choice is worth second-guessing (bench_gemm_algos).
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <algorithm>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -235,9 +235,17 @@ std::vector<GemmCandidate> gemm_candidates(CudaOps& ops, bool trans_a, bool tran
   const PlanKey key = plan_key(c, trans_a, trans_b, M, N, K, A, B, C);
   std::vector<cublasLtMatmulHeuristicResult_t> found;
   std::unique_ptr<Plan> plan(make_plan(key, c.lt, max_algos, &found));
-  cudaEvent_t ev[2];
+  struct Events {  // destroyed on every way out
+    cudaEvent_t e[2] = {nullptr, nullptr};
+    ~Events() {
+      for (cudaEvent_t x : e)
+        if (x) cudaEventDestroy(x);
+    }
+  } events;
+  cudaEvent_t* ev = events.e;
   cuda::check(cudaEventCreate(&ev[0]), "gemm_candidates", "cudaEventCreate");
   cuda::check(cudaEventCreate(&ev[1]), "gemm_candidates", "cudaEventCreate");
+  reps = std::max(reps, 1);
   for (size_t i = 0; i < found.size(); ++i) {
     if (found[i].workspaceSize > c.workspace_bytes) continue;
     auto run = [&] {
@@ -259,8 +267,6 @@ std::vector<GemmCandidate> gemm_candidates(CudaOps& ops, bool trans_a, bool tran
     std::sort(ms.begin(), ms.end());
     out.push_back({static_cast<int>(i), ms[ms.size() / 2], algo_config(found[i].algo)});
   }
-  cudaEventDestroy(ev[0]);
-  cudaEventDestroy(ev[1]);
   return out;
 }
 
