@@ -909,7 +909,9 @@ void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CU
     } else {
       n = ctx.num_sms;
     }
-    if (n < 1) cuda::fail(op, "no cluster of " + std::to_string(kCl) + " CTAs fits on the device");
+    if (n < 1)
+      cuda::fail(op, "no cluster of " + std::to_string(kCl) + " CTAs fits on the device" +
+                         (kCl > 1 ? std::string(" (MXTRAIN_GG_CLUSTER=1 runs the 1-CTA kernels)") : std::string()));
     if (std::getenv("MXTRAIN_GG_VERBOSE") != nullptr)
       std::fprintf(stderr, "%s: sm90 kernel mode %d, tile 128 x %d, cluster %d: %d co-resident, %d B shared\n", op,
                    static_cast<int>(kMode), BN, kCl, n, smem_bytes<BN>());
