@@ -30,6 +30,8 @@
 #             it (parallelism.overlap_grad_reduce): losses side by side, tokens/s, stage and NCCL timing
 #   ov8x7b    8x7B layer shapes, 2 layers, EP=2, MXFP8, 4 steps of acc 8: the backward overlap on (0 and 16 SMs left
 #             to NCCL) and off: tokens/s and the overlapped exchange's time
+#   power     bench_grouped_gemm --sustain: the 8x7B W13 GEMMs held 5 s each (cuBLASLt dense, 1-CTA, CTA pairs) with
+#             nvidia-smi sampling: TFLOP/s, SM clock and power of each under the 700 W cap (scripts/gpu_samples.py run)
 #   speed     issue 4's single-GPU figures in one call: bench_attention (8x1B, 8x7B shapes) beside PyTorch's SDPA,
 #             bench_grouped_gemm beside cuBLASLt, scripts/bench_trainer.py (8x1B, 8x7B 2 layers) beside the HF baseline,
 #             with the GPU's clock and power per run (--sample-gpu)
@@ -276,6 +278,14 @@ PY
       num_train_steps=30 lr_scheduler_kwargs.num_decay_steps=20 logger.frequency=1 cuda_graphs=false \
       output_dir="$OUT/l0_eager" >"$OUT/l0_eager.log" 2>&1
     add "L0_sanity eager (cuda_graphs=false)" "rc=$? $(metrics eager="$OUT/l0_eager/metrics.jsonl" | sed 's/.*median//')"
+    ;;
+  power)
+    # each W13 GEMM held 5 s as cuBLASLt dense, our 1-CTA and our CTA-pair kernel, with clock and power sampled
+    CUDA_VISIBLE_DEVICES=0 timeout 400 python3 scripts/gpu_samples.py run "$OUT/power_smi.csv" -- \
+      "$BIN_DIR/bench_grouped_gemm" --no-wmma --shape 8x7B --runs 5 --sustain 5 >"$OUT/power_gg.log" 2>&1
+    add "grouped GEMM held under the power cap" "rc=$?"
+    grep -E '^\{' "$OUT/power_gg.log"
+    grep -E '^\| (run|8x7B [a-z])' "$OUT/power_gg.log"  # the clock and power table
     ;;
   speed)
     export CUDA_VISIBLE_DEVICES=0

@@ -14,7 +14,11 @@
 // Before timing, each sm90 variant's output is checked against the per-expert cuBLASLt output on the device
 // (relative L2 error; wgrad from zeroed dW).
 //
-// Usage: bench_grouped_gemm [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--no-wmma] [--no-cluster]
+// --sustain S: also runs the W13 forward, dgrad and wgrad back to back for S seconds each as cuBLASLt's dense GEMM,
+// our 1-CTA and our CTA-pair kernel, printing one JSON line per run with its wall-clock window; sampled beside it
+// with nvidia-smi, scripts/gpu_samples.py gives each one's clock and power (an H200 is power-capped in training).
+//
+// Usage: bench_grouped_gemm [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--no-wmma] [--no-cluster] [--sustain S]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -81,7 +85,7 @@ double rel_l2_device(mxt::CudaOps& ops, const Tensor& a, const Tensor& b, const 
 }
 
 void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bool with_cluster, void* flush,
-                 size_t flush_bytes, std::vector<Row>& rows) {
+                 size_t flush_bytes, double sustain_s, std::vector<Row>& rows) {
   const int64_t E = static_cast<int64_t>(s.mult.size()), R = s.rows, d = s.hidden, f = s.inter;
   const auto loads = loads_of(s);
   std::vector<int32_t> off(E + 1, 0);
@@ -206,6 +210,24 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       const Timing t = time_it(st, flush, flush_bytes, 3, runs, [&] { grouped(out1); });
       add_row(v.name, t, note);
     }
+    if (sustain_s > 0 && op.out == 2 * f) {  // the W13 GEMMs, each held for sustain_s seconds
+      auto held = [&](const char* impl, int cl, const std::function<void()>& fn) {
+        if (cl) {
+          mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
+          mxt::sm90::set_grouped_tile_n(256);
+          mxt::sm90::set_grouped_cluster(cl);
+          mxt::sm90::set_grouped_tma_store(1);
+          mxt::sm90::set_grouped_wgrad_tma(1);
+        }
+        const Sustained r = sustain(st, sustain_s, fn);
+        std::printf("{\"name\": \"%s %s %s\", \"window\": [%.3f, %.3f], \"calls\": %ld, \"tflops\": %.1f}\n", s.name,
+                    op.name, impl, r.start, r.end, r.calls, r.calls * flops / (r.end - r.start) / 1e12);
+        std::fflush(stdout);
+      };
+      held("cublasLt dense", 0, [&] { dense(out2); });
+      held("sm90 128x256 c1", 1, [&] { grouped(out1); });
+      held("sm90 128x256 c2", 2, [&] { grouped(out1); });
+    }
     if (op.kind == 0 && op.W == &w13.t) {
       // The forward with SwiGLU x routing weight in its epilogue (h13 and act from one kernel) beside the forward
       // followed by the swiglu kernel, both sm90 128x256 with TMA stores; the check compares the two acts.
@@ -313,6 +335,7 @@ int main(int argc, char** argv) {
   int runs = 20;
   std::string which = "all";
   bool with_wmma = true, with_cluster = true;
+  double sustain_s = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--runs" && i + 1 < argc) {
@@ -323,8 +346,11 @@ int main(int argc, char** argv) {
       with_wmma = false;
     } else if (a == "--no-cluster") {
       with_cluster = false;
+    } else if (a == "--sustain" && i + 1 < argc) {
+      sustain_s = std::atof(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--no-wmma] [--no-cluster]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--no-wmma] [--no-cluster] [--sustain S]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -350,7 +376,7 @@ int main(int argc, char** argv) {
                             {"8x1B-mb1", 8192, 2048, 4096, mult}};  // one micro-batch of the trainer: 4096 x top-2
     std::vector<Row> rows;
     for (const Shape& s : shapes)
-      if (which == "all" || which == s.name) bench_shape(ops, s, runs, with_wmma, with_cluster, flush, flush_bytes, rows);
+      if (which == "all" || which == s.name) bench_shape(ops, s, runs, with_wmma, with_cluster, flush, flush_bytes, sustain_s, rows);
     ops.release(flush);
 
     std::printf("\n| shape | op | impl | median ms | min ms | TFLOP/s | vs dense cuBLASLt | vs per-expert loop "

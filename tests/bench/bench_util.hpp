@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -72,6 +73,31 @@ inline int guarded_main(const char* name, int (*run)(int, char**), int argc, cha
     std::fprintf(stderr, "%s: %s\n", name, e.what());
     return 1;
   }
+}
+
+// fn run back to back for about `seconds` (synchronising every 10 calls, so the queue stays short), after one
+// untimed call: the wall-clock window (epoch seconds) and the calls in it, for sampling the GPU's clock and power
+// under one kernel (bench_grouped_gemm --sustain, scripts/gpu_samples.py).
+struct Sustained {
+  double start = 0, end = 0;
+  long calls = 0;
+};
+
+inline Sustained sustain(cudaStream_t st, double seconds, const std::function<void()>& fn) {
+  using clock = std::chrono::system_clock;
+  auto epoch = [](clock::time_point t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); };
+  fn();
+  ck(cudaStreamSynchronize(st), "sync");
+  Sustained r;
+  const clock::time_point t0 = clock::now();
+  do {
+    for (int i = 0; i < 10; ++i) fn();
+    r.calls += 10;
+    ck(cudaStreamSynchronize(st), "sync");
+  } while (std::chrono::duration<double>(clock::now() - t0).count() < seconds);
+  r.start = epoch(t0);
+  r.end = epoch(clock::now());
+  return r;
 }
 
 struct Timing {
