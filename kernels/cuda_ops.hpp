@@ -4,7 +4,8 @@
 // synchronises with the host (except download/synchronize).
 //
 // Dtype contract (see ops.hpp for shapes):
-//   gemm                 A, B BF16; C BF16 or F32 (F32 for weight gradients, beta=1 accumulates)
+//   gemm                 A, B BF16; C BF16 or F32 (F32 for weight gradients, beta=1 accumulates); or all F32
+//                        (CudaF32Ops, kernels/fp32)
 //   embedding            table BF16 -> out BF16; backward dout BF16 -> dtable F32 (accumulate)
 //   rmsnorm              x, w BF16 -> y BF16, rstd F32; backward dy BF16 -> dx BF16, dw F32 (accumulate)
 //   rope                 BF16 in place, angles in fp32
@@ -131,7 +132,7 @@ class CudaOps : public Ops {
   void adamw_step_to(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s,
                      const Tensor& working) override;
 
- private:
+ protected:  // CudaF32Ops (kernels/fp32) reuses the stream, scratch and LM-head chunk
   CudaContext* ctx_;
   std::unordered_map<void*, size_t> sizes_;  // live allocations, for the memory report
   int64_t lm_head_chunk_ = 4096;              // set_lm_head_chunk_tokens

@@ -1,5 +1,6 @@
-// CudaOps::gemm through cuBLASLt: row-major C[M,N] = alpha op(A) op(B) + beta C, A and B BF16, C BF16 or F32,
-// fp32 compute (CUBLAS_COMPUTE_32F), on the context's stream and workspace.
+// CudaOps::gemm through cuBLASLt: row-major C[M,N] = alpha op(A) op(B) + beta C, A and B BF16 with C BF16 or F32,
+// or all three F32 (backend=cuda-fp32); fp32 compute (CUBLAS_COMPUTE_32F: no TF32), on the context's stream and
+// workspace.
 //
 // Row-major is handled with the transpose identity: a row-major [r, c] buffer is a column-major [c, r] one, so
 // the row-major product C = op(A) op(B) is, seen column-major, C^T = op(B)^T op(A)^T. We therefore hand
@@ -9,7 +10,7 @@
 //   Lt "B" = buffer A: column-major [K, M] (ld K) if !trans_a, or [M, K] (ld M) used transposed if trans_a
 //   Lt "C"/"D" = buffer C: column-major [N, M], ld N
 //
-// Matmul / layout descriptors and the heuristic's algorithm are cached per (device, shape, transposes, C dtype,
+// Matmul / layout descriptors and the heuristic's algorithm are cached per (device, shape, transposes, dtypes,
 // operand alignments, workspace size) in a small host-side map, so repeated calls skip the heuristic query.
 // gemm_candidates (cuda_ops.hpp) times the heuristic's first few algorithms for one problem: the evidence for
 // whether its first choice is worth second-guessing (bench_gemm_algos).
@@ -55,13 +56,13 @@ struct PlanKey {
   int device;
   bool trans_a, trans_b;
   int64_t M, N, K;
-  int c_dtype;
+  int ab_dtype, c_dtype;
   uint32_t align_a, align_b, align_c;
   size_t workspace;
   bool operator<(const PlanKey& o) const {
-    return std::tie(device, trans_a, trans_b, M, N, K, c_dtype, align_a, align_b, align_c, workspace) <
-           std::tie(o.device, o.trans_a, o.trans_b, o.M, o.N, o.K, o.c_dtype, o.align_a, o.align_b, o.align_c,
-                    o.workspace);
+    return std::tie(device, trans_a, trans_b, M, N, K, ab_dtype, c_dtype, align_a, align_b, align_c, workspace) <
+           std::tie(o.device, o.trans_a, o.trans_b, o.M, o.N, o.K, o.ab_dtype, o.c_dtype, o.align_a, o.align_b,
+                    o.align_c, o.workspace);
   }
 };
 
@@ -102,7 +103,8 @@ PlanCache& plan_cache() {
 std::string describe(const PlanKey& k) {
   return "M=" + std::to_string(k.M) + " N=" + std::to_string(k.N) + " K=" + std::to_string(k.K) +
          " trans_a=" + (k.trans_a ? "1" : "0") + " trans_b=" + (k.trans_b ? "1" : "0") +
-         " A,B=bf16 C=" + (k.c_dtype == static_cast<int>(DType::F32) ? "f32" : "bf16");
+         " A,B=" + (k.ab_dtype == static_cast<int>(DType::F32) ? "f32" : "bf16") +
+         " C=" + (k.c_dtype == static_cast<int>(DType::F32) ? "f32" : "bf16");
 }
 
 void check_lt(cublasStatus_t st, const char* what, const PlanKey& k) {
@@ -118,6 +120,7 @@ Plan* make_plan(const PlanKey& k, cublasLtHandle_t lt, int want = 1,
   Plan* p = new Plan;
   try {
     const cudaDataType_t c_type = k.c_dtype == static_cast<int>(DType::F32) ? CUDA_R_32F : CUDA_R_16BF;
+    const cudaDataType_t ab_type = k.ab_dtype == static_cast<int>(DType::F32) ? CUDA_R_32F : CUDA_R_16BF;
     check_lt(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate", k);
     const cublasOperation_t op_a = k.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // Lt "A" is the buffer of B
     const cublasOperation_t op_b = k.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // Lt "B" is the buffer of A
@@ -129,9 +132,9 @@ Plan* make_plan(const PlanKey& k, cublasLtHandle_t lt, int want = 1,
     // Column-major storage shapes (rows, cols, ld = rows) of the three buffers.
     const uint64_t a_rows = k.trans_b ? K : N, a_cols = k.trans_b ? N : K;
     const uint64_t b_rows = k.trans_a ? M : K, b_cols = k.trans_a ? K : M;
-    check_lt(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, a_rows, a_cols, static_cast<int64_t>(a_rows)),
+    check_lt(cublasLtMatrixLayoutCreate(&p->a, ab_type, a_rows, a_cols, static_cast<int64_t>(a_rows)),
              "cublasLtMatrixLayoutCreate(B)", k);
-    check_lt(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, b_rows, b_cols, static_cast<int64_t>(b_rows)),
+    check_lt(cublasLtMatrixLayoutCreate(&p->b, ab_type, b_rows, b_cols, static_cast<int64_t>(b_rows)),
              "cublasLtMatrixLayoutCreate(A)", k);
     check_lt(cublasLtMatrixLayoutCreate(&p->c, c_type, N, M, static_cast<int64_t>(N)),
              "cublasLtMatrixLayoutCreate(C)", k);
@@ -192,8 +195,14 @@ bool check_gemm_args(int64_t M, int64_t N, int64_t K, const Tensor& A, const Ten
   cuda::expect_numel(A, M * K, op, "A");
   cuda::expect_numel(B, K * N, op, "B");
   cuda::expect_numel(C, M * N, op, "C");
-  (void)cuda::bf16p(A, op, "A");
-  (void)cuda::bf16p(B, op, "B");
+  if (A.dtype == DType::F32) {  // the fp32 backend: all three fp32
+    (void)cuda::f32(A, op, "A");
+    (void)cuda::f32(B, op, "B");
+    (void)cuda::f32(C, op, "C");
+  } else {
+    (void)cuda::bf16p(A, op, "A");
+    (void)cuda::bf16p(B, op, "B");
+  }
   if (C.dtype != DType::F32 && C.dtype != DType::BF16)
     cuda::fail(op, std::string("C must be f32 or bf16, got ") + dtype_name(C.dtype) + " " + C.shape_str());
   cuda::expect_dtype(C, C.dtype, op, "C");  // device / data checks
@@ -206,7 +215,8 @@ bool check_gemm_args(int64_t M, int64_t N, int64_t K, const Tensor& A, const Ten
 
 PlanKey plan_key(const CudaContext& c, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                  const Tensor& A, const Tensor& B, const Tensor& C) {
-  return {c.device, trans_a, trans_b, M, N, K, static_cast<int>(C.dtype), pointer_alignment(A.data),
+  return {c.device, trans_a, trans_b, M, N, K, static_cast<int>(A.dtype), static_cast<int>(C.dtype),
+          pointer_alignment(A.data),
           pointer_alignment(B.data), pointer_alignment(C.data), c.workspace_bytes};
 }
 

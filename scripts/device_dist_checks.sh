@@ -14,7 +14,7 @@
 #   profile8x1b  8x1B on 1 GPU, one micro-batch and one optimizer step under ncu (kernel durations only): GPU
 #             time per kernel family, the top of the list printed
 #   cuda      every CUDA test (bf16 and MXFP8 kernels, GPU training) against its CPU twin
-#   parity    scripts/parity_hf.py, CUDA backend, against HF transformers in fp32
+#   parity    scripts/parity_hf.py, CUDA backend (bf16, then cuda-fp32), against HF transformers in fp32
 #   trainer   scripts/bench_trainer.py: L0_sanity (1 GPU) and the 8x7B 2-layer shape beside the HF baseline
 #   study     scripts/router_precision_study.py: which bf16 roundings move the router-gate gradients
 #   mxgpu     the MXFP8 CUDA tests (quantisers, GEMMs, expert MLP, dense linear, a short fp8 training run) vs CPU twins
@@ -266,6 +266,11 @@ PY
       --out /tmp/parity_cuda >"$OUT/parity_cuda.log" 2>&1
     add "HF parity, CUDA backend" "rc=$? ($(grep -c '"passed": true' "$OUT/parity_cuda.log") pass, $(grep -c '"passed": false' "$OUT/parity_cuda.log") fail)"
     grep '^|' "$OUT/parity_cuda.log"
+    # The same checks on the fp32 CUDA backend, held to the CPU backend's fp32 tolerances.
+    CUDA_VISIBLE_DEVICES=0 timeout 300 python3 scripts/parity_hf.py --mxtrain "$MX" --backend cuda-fp32 \
+      --out /tmp/parity_cuda_fp32 >"$OUT/parity_cuda_fp32.log" 2>&1
+    add "HF parity, CUDA fp32 backend" "rc=$? ($(grep -c '"passed": true' "$OUT/parity_cuda_fp32.log") pass, $(grep -c '"passed": false' "$OUT/parity_cuda_fp32.log") fail)"
+    grep '^|' "$OUT/parity_cuda_fp32.log"
     ;;
   trainer)
     CUDA_VISIBLE_DEVICES=0 timeout 400 python3 scripts/bench_trainer.py --mxtrain "$MX" \

@@ -107,6 +107,14 @@ TEST(Binary, DryRunPlansTheCudaRunWithoutAGpu) {
   EXPECT_THAT(r.output, HasSubstr("LM-head logits (128 tokens at a time, lm_head_chunk_tokens)"));
 }
 
+// backend=cuda-fp32 plans fp32 activations (and so no bf16 working copies), GPU or not.
+TEST(Binary, DryRunPlansTheFp32CudaRun) {
+  const RunResult r = run("--config-name L0_sanity --dry-run backend=cuda-fp32");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("activations f32"));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("activations bf16")));
+}
+
 TEST(Binary, TrainsOnFastaAndRepeatsExactly) {
   const fs::path d = temp_dir("fasta");
   {

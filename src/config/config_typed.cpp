@@ -299,7 +299,7 @@ void check_rest(TrainConfig& c) {
   require_positive(c.expert_wgrad_micro_batches, "expert_wgrad_micro_batches");
   require_positive(c.lm_head_wgrad_micro_batches, "lm_head_wgrad_micro_batches");
   require(c.grad_acc_steps >= 1, fmt::format("grad_acc_steps must be >= 1, got {}", c.grad_acc_steps));
-  require_one_of(c.backend, {"auto", "cpu", "cuda"}, "backend");
+  require_one_of(c.backend, {"auto", "cpu", "cuda", "cuda-fp32"}, "backend");
   require_one_of(c.fp8.hopper_gemm, {"fp8", "bf16"}, "fp8_config.hopper_gemm");
   require_one_of(c.checkpoint.final_model_dtype, {"float32", "bfloat16"}, "checkpoint.final_model_dtype");
   require(!c.output_dir.empty(), "output_dir must not be empty");
@@ -316,6 +316,8 @@ void check_rest(TrainConfig& c) {
   require_one_of(c.fp8.fp8_recipe, {"MXFP8BlockScaling"}, "fp8_config.fp8_recipe");
   require_one_of(c.fp8.fp8_format, {"E4M3", "HYBRID"}, "fp8_config.fp8_format");
   if (c.fp8.enabled) check_fp8_shapes(c);
+  require(!(c.fp8.enabled && c.backend == "cuda-fp32"),
+          "fp8_config.enabled=true needs backend=cuda (or cpu): backend=cuda-fp32 has no MXFP8 path");
   require_non_negative(static_cast<double>(c.checkpoint.save_every_n_steps), "checkpoint.save_every_n_steps");
   require_non_negative(static_cast<double>(c.checkpoint.max_checkpoints), "checkpoint.max_checkpoints");
   require_positive(c.logger.frequency, "logger.frequency");
