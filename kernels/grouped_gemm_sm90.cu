@@ -134,7 +134,7 @@ struct Params {
   int32_t n_units;  // n-tiles per scheduling unit row: ceil(ceil(N / BN) / cluster size)
   int32_t m_tiles;  // wgrad: ceil(M / BM)
   int32_t m_fast;   // wgrad: item order, m-tile fastest
-  int32_t prefetch; // wgrad: prefetch each dW tile into L2 (bulk copies) before the TMA adds to it
+  int32_t prefetch; // wgrad: prefetch each dW tile into L2 (one tensor prefetch, SetMaps::pf) before adding to it
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing,
                     // 3 = no epilogue (timing only)
   int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC); wgrad: the
@@ -149,6 +149,7 @@ struct Params {
 // Wgrad: the operand maps of row sets 1.. (set 0's are tmA / tmB).
 struct SetMaps {
   CUtensorMap a[kMaxSets - 1], b[kMaxSets - 1];  // forward + SwiGLU (TMA stores): a[0] h13's up half, a[1] act
+  CUtensorMap pf;                                // wgrad: dW in BM x BN fp32 boxes, for the L2 prefetch
 };
 
 // Wgrad: expert e's rows [lo, hi) of row set s.
@@ -253,6 +254,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
       tma_prefetch_desc(&sm->a[s - 1]);
       tma_prefetch_desc(&sm->b[s - 1]);
     }
+    if (p.prefetch) tma_prefetch_desc(&sm->pf);
   }
   const int total = sc.cum[p.E];
   int s = 0, e = 0;
@@ -308,15 +310,11 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
         for (int c = 0; c < BN / 64; ++c) tma_load_2d(b + c * kChunk, mb, bar, it.n0 + 64 * c, r0);
       }
       if constexpr (kMode == Mode::kWgrad) {
-        // A few k-blocks before the mainloop ends, pull this item's dW tile into L2 so the epilogue's
-        // add waits on L2, not DRAM (one bulk prefetch per dW row of the tile).
-        if (p.prefetch && it.n0 < p.N && kb == (it.nk > kPrefetchLead ? it.nk - kPrefetchLead : 0)) {
-          const int64_t M = p.K, N = p.N;
-          const int rows = M - it.m0 < BM ? static_cast<int>(M - it.m0) : BM;
-          const uint32_t bytes = static_cast<uint32_t>((N - it.n0 < BN ? N - it.n0 : BN) * 4);
-          const float* t = static_cast<const float*>(p.out) + (static_cast<int64_t>(it.e) * M + it.m0) * N + it.n0;
-          for (int r = 0; r < rows; ++r) prefetch_l2_bulk(t + r * N, bytes);
-        }
+        // A few k-blocks before the mainloop ends, pull this item's dW tile into L2 so the epilogue's add waits
+        // on L2, not DRAM: one tensor prefetch of the whole tile. (One bulk prefetch per row, 128 producer
+        // instructions, made the producer the wgrad's bottleneck: 0.63 of cuBLASLt against 0.74, session 25.)
+        if (p.prefetch && it.n0 < p.N && kb == (it.nk > kPrefetchLead ? it.nk - kPrefetchLead : 0))
+          tma_prefetch_l2_3d(&sm->pf, it.n0, it.m0, it.e);
       }
       if (++s == C::kStages) {
         s = 0;
@@ -815,6 +813,12 @@ bool store_epilogue() {
 }
 
 // Weight-gradient epilogue: TMA reduce-adds (default; env MXTRAIN_GG_WGRAD_EPI=tma) or red.global (red).
+// Whether the wgrad pulls each dW tile into L2 before adding to it (env MXTRAIN_GG_WGRAD_PREFETCH=tensor|off).
+int wgrad_prefetch() {
+  static const int v = env_choice("MXTRAIN_GG_WGRAD_PREFETCH", {"tensor", "off"});
+  return v == 0 ? 1 : 0;
+}
+
 bool wgrad_tma_epilogue() {
   const int o = g_wgrad_tma.load();
   if (o != 0) return o == 1;
@@ -1137,9 +1141,13 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
   const cuuint64_t c_dims[3] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
   const cuuint64_t c_strides[2] = {static_cast<cuuint64_t>(N) * 4, static_cast<cuuint64_t>(N * M) * 4};
   const cuuint32_t c_box[3] = {kEpiCols, 64, 1};
-  CUtensorMap mc;
+  CUtensorMap mc, pf;
   if (!make_map(mc, op, "dW", dW, 3, c_dims, c_strides, c_box, CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
                 CU_TENSOR_MAP_SWIZZLE_64B))
+    return false;
+  const cuuint32_t pf_box[3] = {static_cast<cuuint32_t>(bn), BM, 1};  // one output tile
+  if (!make_map(pf, op, "dW (prefetch)", dW, 3, c_dims, c_strides, pf_box, CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                CU_TENSOR_MAP_SWIZZLE_NONE))
     return false;
 
   // Sets per launch: the kernel's map slots, and (sets - 1) x E row ranges in its schedule. Every map is built
@@ -1154,6 +1162,7 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
   for (int first = 0; first < nsets; first += per_launch) {
     const int n = std::min(per_launch, nsets - first);
     Launch L{};
+    L.rest.pf = pf;
     if (!operand_maps(sets[first], L.ma, L.mb)) return false;
     for (int i = 1; i < n; ++i)
       if (!operand_maps(sets[first + i], L.rest.a[i - 1], L.rest.b[i - 1])) return false;
@@ -1172,7 +1181,7 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
     p.n_units = static_cast<int32_t>(n_units);
     p.m_tiles = static_cast<int32_t>(m_tiles);
     p.m_fast = M <= N ? 1 : 0;
-    p.prefetch = p.overwrite ? 0 : 1;  // nothing to read when storing
+    p.prefetch = p.overwrite ? 0 : wgrad_prefetch();  // nothing to read when storing
     p.tma_store = wgrad_tma_epilogue() ? 1 : 0;
     p.fault = fault_injection();
     p.out = dW;
