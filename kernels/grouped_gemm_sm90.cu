@@ -812,13 +812,13 @@ bool store_epilogue() {
   return v;
 }
 
-// Weight-gradient epilogue: TMA reduce-adds (default; env MXTRAIN_GG_WGRAD_EPI=tma) or red.global (red).
 // Whether the wgrad pulls each dW tile into L2 before adding to it (env MXTRAIN_GG_WGRAD_PREFETCH=tensor|off).
 int wgrad_prefetch() {
   static const int v = env_choice("MXTRAIN_GG_WGRAD_PREFETCH", {"tensor", "off"});
   return v == 0 ? 1 : 0;
 }
 
+// Weight-gradient epilogue: TMA reduce-adds (default; env MXTRAIN_GG_WGRAD_EPI=tma) or red.global (red).
 bool wgrad_tma_epilogue() {
   const int o = g_wgrad_tma.load();
   if (o != 0) return o == 1;

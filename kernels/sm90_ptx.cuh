@@ -146,11 +146,6 @@ __device__ __forceinline__ void tma_prefetch_l2_3d(const CUtensorMap* map, int32
                : "memory");
 }
 
-// Asynchronous prefetch of `bytes` (a multiple of 16) contiguous global bytes at a 16-byte-aligned address into L2.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* gptr, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(gptr), "r"(bytes) : "memory");
-}
-
 // ---- TMA stores from shared memory (bulk async-groups) ---------------------------------------------------
 
 // global[box at {c0, c1, c2}] += smem box (f32 add, performed by the TMA unit; elements past the tensor's bounds

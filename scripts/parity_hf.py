@@ -9,6 +9,7 @@ same schedule and clipping (for the CUDA backend also PyTorch under bf16 autocas
 what bf16 compute alone moves). Prints one JSON line per check and a table; exits 1 if any check fails.
 
   python3 scripts/parity_hf.py --mxtrain build/mxtrain --backend cuda --out /tmp/parity
+  (--backend cuda-fp32: the CUDA backend with fp32 activations, held to the CPU backend's fp32 limits)
 """
 import argparse, json, math, os, subprocess, sys
 
