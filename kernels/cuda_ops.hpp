@@ -132,7 +132,15 @@ class CudaOps : public Ops {
   void adamw_step_to(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s,
                      const Tensor& working) override;
 
- protected:  // CudaF32Ops (kernels/fp32) reuses the stream, scratch and LM-head chunk
+ protected:  // CudaF32Ops (kernels/fp32) reuses the stream, scratch, LM-head chunk and argument checks
+  // lm_head_loss's shape checks (ops.hpp's contract), for either activation dtype.
+  struct LmHeadDims {
+    int64_t T, V, d;
+    bool grad, keep;  // dh given; dlogits given (the caller contracts dW)
+  };
+  static LmHeadDims check_lm_head(const char* op, const Tensor& h, const Tensor& W, const Tensor& labels,
+                                  const Tensor& loss_sum, const Tensor& dh, const Tensor& dW, const Tensor& dlogits);
+
   CudaContext* ctx_;
   std::unordered_map<void*, size_t> sizes_;  // live allocations, for the memory report
   int64_t lm_head_chunk_ = 4096;              // set_lm_head_chunk_tokens

@@ -65,21 +65,6 @@ __global__ void scale_kernel(T* t, float s, int64_t n) {
     cuda::st(t, i, __fmul_rn(cuda::ld(t, i), s));
 }
 
-// Block-wide fp64 sum (blockDim.x a multiple of 32, <= 1024); the result is valid in thread 0.
-__device__ double block_sum_f64(double v) {
-  __shared__ double partial[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  const int nwarps = blockDim.x / 32;
-  if (warp == 0) {
-    v = lane < nwarps ? partial[lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  }
-  return v;
-}
-
 // Pass 1: block b sums the squares of elements b*blockDim + tid + k*gridDim*blockDim in fp64 and writes its
 // partial. The grid size depends only on n, so the summation order (and the result) is reproducible.
 template <typename T>
@@ -90,7 +75,7 @@ __global__ void sum_squares_partial_kernel(const T* __restrict__ x, int64_t n, d
     const double v = cuda::ld(x, i);
     s += v * v;
   }
-  s = block_sum_f64(s);
+  s = cuda::block_sum_f64(s);
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
@@ -98,7 +83,7 @@ __global__ void sum_squares_partial_kernel(const T* __restrict__ x, int64_t n, d
 __global__ void sum_squares_final_kernel(const double* __restrict__ partials, int nparts, float* acc) {
   double s = 0.0;
   for (int i = threadIdx.x; i < nparts; i += blockDim.x) s += partials[i];
-  s = block_sum_f64(s);
+  s = cuda::block_sum_f64(s);
   if (threadIdx.x == 0) acc[0] = static_cast<float>(static_cast<double>(acc[0]) + s);
 }
 

@@ -35,19 +35,6 @@ constexpr int kReduceThreads = 1024;
 
 using cuda::expect_rows;
 
-// Block-wide max (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
-__device__ float block_max(float v) {
-  __shared__ float partial[32];
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  const int nwarps = blockDim.x / 32;
-  v = lane < nwarps ? partial[lane] : -INFINITY;
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 // One block per row of the chunk. Reads the BF16 logits, writes the row loss and (if grad) overwrites the row
 // with grad_scale * (softmax - onehot) in BF16. Each element is read and then written by the same thread, and
@@ -75,7 +62,7 @@ __global__ void ce_rows_kernel(cuda::bf16* __restrict__ z, const int32_t* __rest
       s += expf(x - m);
     }
   }
-  const float M = block_max(m);
+  const float M = cuda::block_max(m);
   const float S = cuda::block_sum(m == -INFINITY ? 0.f : s * expf(m - M));
   const float lse = M + logf(S);
   if (threadIdx.x == 0) row_loss[r] = lse - zy;
@@ -116,7 +103,7 @@ __global__ void ce_rows_vec_kernel(cuda::bf16* __restrict__ z, const int32_t* __
 #pragma unroll
     for (int k = 0; k < 8; ++k) s += expf(x[k] - m);
   }
-  const float M = block_max(m);
+  const float M = cuda::block_max(m);
   const float S = cuda::block_sum(m == -INFINITY ? 0.f : s * expf(m - M));
   const float lse = M + logf(S);
   if (threadIdx.x == 0) row_loss[r] = lse - zy;
@@ -151,9 +138,9 @@ __global__ void loss_reduce_kernel(const float* __restrict__ row_loss, int64_t T
 
 }  // namespace
 
-void CudaOps::lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& labels, float grad_scale,
-                           const Tensor& loss_sum, const Tensor& dh, const Tensor& dW, const Tensor& dlogits) {
-  const char* op = "lm_head_loss";
+CudaOps::LmHeadDims CudaOps::check_lm_head(const char* op, const Tensor& h, const Tensor& W, const Tensor& labels,
+                                           const Tensor& loss_sum, const Tensor& dh, const Tensor& dW,
+                                           const Tensor& dlogits) {
   const int64_t T = labels.numel(), V = W.ndim ? W.shape[0] : 0;
   const int64_t d = V ? W.numel() / V : 0;
   if (V < 1) cuda::fail(op, "W must be [V, d], got " + W.shape_str());
@@ -166,6 +153,13 @@ void CudaOps::lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& label
     if (keep) expect_rows(dlogits, T, V, op, "dlogits");
     else expect_rows(dW, V, d, op, "dW");
   }
+  return {T, V, d, grad, keep};
+}
+
+void CudaOps::lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& labels, float grad_scale,
+                           const Tensor& loss_sum, const Tensor& dh, const Tensor& dW, const Tensor& dlogits) {
+  const char* op = "lm_head_loss";
+  const auto [T, V, d, grad, keep] = check_lm_head(op, h, W, labels, loss_sum, dh, dW, dlogits);
   cuda::bf16* hp = cuda::bf16p(h, op, "h");
   (void)cuda::bf16p(W, op, "W");
   const int32_t* lab = cuda::i32(labels, op, "labels");

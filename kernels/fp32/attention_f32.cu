@@ -2,6 +2,7 @@
 // row (dK / dV), scores recomputed from the saved log-sum-exp as in the CPU twin (src/cpu/attention.cpp),
 // whose per-element arithmetic it repeats; keys or (head, query) pairs go through shared memory in chunks, so
 // any sequence length works. O(S^2) work per head with no tiling: a checking path, not a fast one.
+#include <cfloat>
 #include <string>
 
 #include "cuda_context.cuh"
@@ -12,8 +13,8 @@ namespace mxt {
 
 namespace {
 
-using cuda::f32k::block_max;
-using cuda::f32k::block_sum_d;
+using cuda::block_max;
+using cuda::block_sum_f64;
 
 constexpr int kThreads = 128;  // also the chunk of keys / pairs a block holds at once
 constexpr int kMaxD = 256;
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(Geo g, const float* __res
       acc[d] = a;
     }
   }
-  sum = block_sum_d(sum);
+  sum = block_sum_f64(sum);
   float* oi = out + g.at(b, i, h, g.H);
   for (int64_t d = threadIdx.x; d < g.D; d += blockDim.x) oi[d] = static_cast<float>(acc[d] / sum);
   if (threadIdx.x == 0) lse[(b * g.H + h) * g.S + i] = m + static_cast<float>(log(sum));

@@ -3,6 +3,7 @@
 // turned in place into their gradient grad_scale * (softmax - onehot) before the two gradient GEMMs. Labels:
 // -100 ignored; outside [0, V) the row's loss is NaN (no host sync can report it) and its gradient zero.
 #include <cmath>
+#include <cfloat>
 #include <string>
 
 #include "cuda_context.cuh"
@@ -13,8 +14,8 @@ namespace mxt {
 
 namespace {
 
-using cuda::f32k::block_max;
-using cuda::f32k::block_sum_d;
+using cuda::block_max;
+using cuda::block_sum_f64;
 using cuda::f32k::kRowThreads;
 
 constexpr int32_t kIgnore = -100;
@@ -35,7 +36,7 @@ __global__ void ce_kernel(float* __restrict__ z, const int32_t* __restrict__ lab
   m = block_max(m);
   double sum = 0.0;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) sum += exp(static_cast<double>(zr[v]) - m);
-  sum = block_sum_d(sum);
+  sum = block_sum_f64(sum);
   const double lse = m + log(sum);
   const float zy = zr[y];
   __syncthreads();  // every thread has read zr[y] before it is overwritten
@@ -58,18 +59,7 @@ __global__ void loss_sum_kernel(const double* __restrict__ row_loss, int64_t T, 
 void CudaF32Ops::lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& labels, float grad_scale,
                               const Tensor& loss_sum, const Tensor& dh, const Tensor& dW, const Tensor& dlogits) {
   const char* op = "lm_head_loss";
-  const int64_t T = labels.numel(), V = W.ndim ? W.shape[0] : 0;
-  const int64_t d = V ? W.numel() / V : 0;
-  if (V < 1) cuda::fail(op, "W must be [V, d], got " + W.shape_str());
-  cuda::expect_rows(h, T, d, op, "h");
-  cuda::expect_numel(loss_sum, 1, op, "loss_sum");
-  const bool grad = dh.numel() != 0, keep = dlogits.numel() != 0;
-  if (keep && !grad) cuda::fail(op, "dlogits without dh: the logits' gradient is only made with the backward");
-  if (grad) {
-    cuda::expect_rows(dh, T, d, op, "dh");
-    if (keep) cuda::expect_rows(dlogits, T, V, op, "dlogits");
-    else cuda::expect_rows(dW, V, d, op, "dW");
-  }
+  const auto [T, V, d, grad, keep] = check_lm_head(op, h, W, labels, loss_sum, dh, dW, dlogits);
   float* hp = cuda::f32(h, op, "h");
   (void)cuda::f32(W, op, "W");
   const int32_t* lab = cuda::i32(labels, op, "labels");

@@ -12,7 +12,7 @@ namespace mxt {
 
 namespace {
 
-using cuda::f32k::block_sum_d;
+using cuda::block_sum_f64;
 using cuda::f32k::kRowThreads;
 using cuda::f32k::row_grid;
 
@@ -44,7 +44,7 @@ __global__ void rmsnorm_fwd_kernel(const float* __restrict__ x, const float* __r
     const float* xr = x + t * d;
     double ss = 0.0;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += static_cast<double>(xr[j]) * xr[j];
-    ss = block_sum_d(ss);
+    ss = block_sum_f64(ss);
     const float r = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
     if (threadIdx.x == 0) rstd[t] = r;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) y[t * d + j] = w[j] * (xr[j] * r);
@@ -59,7 +59,7 @@ __global__ void rmsnorm_bwd_kernel(const float* __restrict__ dy, const float* __
     const double r = rstd[t];
     double dot = 0.0;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dot += static_cast<double>(w[j]) * gr[j] * xr[j];
-    dot = block_sum_d(dot);
+    dot = block_sum_f64(dot);
     const double c = r * r * r * dot / static_cast<double>(d);
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
       dx[t * d + j] = static_cast<float>(r * w[j] * gr[j] - c * xr[j]);
@@ -125,7 +125,7 @@ __global__ void swiglu_bwd_kernel(const float* __restrict__ da, const float* __r
       dgate[i] = gr[i] * wp[r] * up[i] * s * (1.f + gate[i] * (1.f - s));
       dup[i] = gr[i] * wp[r] * silu;
     }
-    acc = block_sum_d(acc);
+    acc = block_sum_f64(acc);
     if (threadIdx.x == 0) dwp[r] = static_cast<float>(acc);
   }
 }
