@@ -102,6 +102,7 @@ void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const T
                    const Tensor& dW) {
     std::vector<Ops::WgradRowSet> sets = held_sets(l, hdy, hx);
     if (n > 0) sets.push_back({dy.rows(0, n), x.rows(0, n), off});
+    TraceScope trace("experts wgrad");
     ops_.grouped_gemm_wgrad_sets(sets, dW, accumulate);
   };
   if (n > 0 && hold) {  // operands not already in the held buffers (set_micro_batch, moe_backward) are copied

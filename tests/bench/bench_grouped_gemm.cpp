@@ -279,14 +279,15 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
     if (op.kind == 2) {
       // expert_wgrad_micro_batches's launch: the same rows as G row sets (G micro-batches' worth, G times the
       // FLOPs) into one read-add-write of dW, beside the G single calls it replaces; and as the step's first group,
-      // which stores dW instead.
+      // which stores dW instead; one set storing is a step's first micro-batch without expert_wgrad_micro_batches.
       mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
       mxt::sm90::set_grouped_tile_n(256);
       mxt::sm90::set_grouped_cluster(1);
-      for (const int sets : {2, 4, 8}) {
+      for (const int sets : {1, 2, 4, 8}) {
         for (const int variant : {0, 1, 2, 3}) {  // add (TMA), store (TMA), add (red.global), store (st.global)
           const bool accumulate = variant % 2 == 0, direct = variant >= 2;
-          if (sets != 8 && variant != 0) continue;
+          if (sets == 1 && variant != 1) continue;  // one set adding: the rows above
+          if (sets != 8 && sets != 1 && variant != 0) continue;
           mxt::sm90::set_grouped_wgrad_tma(direct ? 0 : 1);
           const std::vector<mxt::Ops::WgradRowSet> rs(sets, mxt::Ops::WgradRowSet{*op.in, *op.x2, OFF.t});
           auto grouped_sets = [&](const Tensor& dst) { ops.grouped_gemm_wgrad_sets(rs, dst, accumulate); };
@@ -301,8 +302,8 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
                         path == "sm90" ? "" : " (FELL BACK)");
           const Timing t = time_it(st, flush, flush_bytes, 3, runs, [&] { grouped_sets(out1); });
           char name[64];
-          std::snprintf(name, sizeof(name), "sm90 %d row sets%s%s (%dx rows)", sets, accumulate ? "" : ", store",
-                        direct ? ", direct" : "", sets);
+          std::snprintf(name, sizeof(name), "sm90 %d row set%s%s%s (%dx rows)", sets, sets > 1 ? "s" : "",
+                        accumulate ? "" : ", store", direct ? ", direct" : "", sets);
           rows.push_back(Row{s.name, op.name, name, t, sets * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
         }
       }
