@@ -1,7 +1,10 @@
 // RMSNorm -> QKV -> RoPE -> causal GQA attention -> O projection -> residual, and its backward.
+#include <optional>
+
 #include "linear.hpp"
 #include "model/mx_linear.hpp"
 #include "mxtrain/model.hpp"
+#include "mxtrain/trace.hpp"
 
 namespace mxt {
 
@@ -9,7 +12,10 @@ void MixtralModel::attention_forward(int l) {
   LayerActs& a = acts_[l];
   const LayerTensors& w = w_.layers[l];
   const float theta = static_cast<float>(cfg_.rope_theta);
+  // Sub-stages for MXTRAIN_STAGE_TIMING (each scope ends where the next begins).
+  std::optional<TraceScope> part(std::in_place, "attn: norm");
   ops_.rmsnorm_forward(a.x_in, w.ln1, static_cast<float>(cfg_.rms_norm_eps), a.ln1, a.rstd1);
+  part.emplace("attn: qkv projections");
   if (mx_attn_) {  // MXFP8: ln1 quantised once, rowwise for the three projections and columnwise for their
     const MxDense m = mx_dense();  // wgrads (kept in ln1_col: ln1 itself is scratch, s_.mx_ln1)
     const MxRows x = mx_dense_quantize(ops_, m, a.ln1, m.a, a.ln1_col);
@@ -22,12 +28,15 @@ void MixtralModel::attention_forward(int l) {
     linear_forward(ops_, a.ln1, w.wv, a.v);
   }
   const int64_t hd = ashape_.head_dim;
+  part.emplace("attn: rope");
   ops_.rope_forward(a.q.view({T_, ashape_.n_heads, hd}), mb_->pos, theta);
   ops_.rope_forward(a.k.view({T_, ashape_.n_kv_heads, hd}), mb_->pos, theta);
   AttnShape shape = ashape_;
   shape.doc_ids = mb_->doc_ids;  // packed rows: no attention across documents
+  part.emplace("attn: core");
   ops_.attention_forward(shape, a.q.view({T_, ashape_.n_heads, hd}), a.k.view({T_, ashape_.n_kv_heads, hd}),
                          a.v.view({T_, ashape_.n_kv_heads, hd}), a.attn.view({T_, ashape_.n_heads, hd}), a.lse);
+  part.emplace("attn: out projection + residual");
   if (mx_attn_) {
     const MxDense m = mx_dense();
     mx_linear_forward(ops_, m, mx_dense_rowwise(ops_, m, a.attn, m.a), mxw_[l].wo, s_.tmp);
@@ -46,6 +55,7 @@ void MixtralModel::attention_backward(int l) {
   // s_.dx holds dL/dx_mid, which flows both into the residual (x_in) and the O projection.
   // MXFP8: the O projection's wgrad quantises attn columnwise here, into scratch c (the attention backward keeps
   // attn anyway; the same bits the forward would have made); the QKV wgrads read ln1_col, made by the forward.
+  std::optional<TraceScope> part(std::in_place, "attn bwd: out projection");
   if (mx_attn_) {
     quantize_fp8_colwise(l, true);
     const MxDense m = mx_dense();
@@ -57,11 +67,14 @@ void MixtralModel::attention_backward(int l) {
   }
   AttnShape shape = ashape_;
   shape.doc_ids = mb_->doc_ids;
+  part.emplace("attn bwd: core");
   ops_.attention_backward(shape, s_.dattn.view({T_, H, hd}), a.q.view({T_, H, hd}), a.k.view({T_, KVH, hd}),
                           a.v.view({T_, KVH, hd}), a.attn.view({T_, H, hd}), a.lse, s_.dq.view({T_, H, hd}),
                           s_.dk.view({T_, KVH, hd}), s_.dv.view({T_, KVH, hd}));
+  part.emplace("attn bwd: rope");
   ops_.rope_backward(s_.dq.view({T_, H, hd}), mb_->pos, theta);
   ops_.rope_backward(s_.dk.view({T_, KVH, hd}), mb_->pos, theta);
+  part.emplace("attn bwd: qkv projections");
   if (mx_attn_) {  // dtmp = dq Wq + dk Wk + dv Wv (the last two through tmp, free until the norm below)
     const MxDense m = mx_dense();
     const mxfp8::MxView x = a.ln1_col.view(1, T_, d_, m.fwd, mxfp8::Direction::Columnwise);
@@ -77,6 +90,7 @@ void MixtralModel::attention_backward(int l) {
     linear_wgrad(ops_, s_.dv, a.ln1, g.wv);
   }
   // dtmp is dL/d(ln1); reuse tmp for dL/dx_in through the norm, then add the residual path.
+  part.emplace("attn bwd: norm + residual");
   ops_.rmsnorm_backward(s_.dtmp, a.x_in, w.ln1, a.rstd1, s_.tmp, g.ln1);
   ops_.add(s_.dx, s_.tmp, s_.dx);
 }

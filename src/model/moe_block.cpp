@@ -23,6 +23,7 @@ void MixtralModel::experts_up(int l, int64_t n, const Tensor& off) {
 void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   LayerActs& a = acts_[l];
   const LayerTensors& w = w_.layers[l];
+  std::optional<TraceScope> part(std::in_place, "moe: norm + router");  // sub-stages for MXTRAIN_STAGE_TIMING
   ops_.rmsnorm_forward(a.x_mid, w.ln2, static_cast<float>(cfg_.rms_norm_eps), a.ln2, a.rstd2);
   if (cfg_.router_jitter_noise > 0) {
     // HF scales the hidden states seen by both the router and the experts by U(1-j, 1+j) while training.
@@ -43,6 +44,7 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   ops_.router_forward(s_.logits, static_cast<int>(k_), a.probs, a.topk_idx, a.topk_w);
   if (aux_on_) ops_.router_aux_stats(a.probs, a.topk_idx, s_.aux_prob_sum, s_.aux_count);
   // permute
+  part.emplace("moe: permute");
   ops_.moe_plan(a.topk_idx, static_cast<int>(E_), a.offsets, a.perm);
   auto permute = [&] {
     ops_.moe_permute(a.moe_in, a.perm, static_cast<int>(k_), a.xp.rows(0, R_));
@@ -59,6 +61,7 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   const Tensor off = ep ? a.ep_meta.rows(0, El_ + 1) : a.offsets;
   // experts (their output: straight into yp, or into dxe, free until the backward, for the combine)
   const Tensor ye = ep ? s_.dxe.rows(0, n) : s_.yp;
+  part.reset();
   std::optional<TraceScope> trace_experts(std::in_place, "experts");
   if (n > 0 && mx_) {
     mx_experts_forward(ops_, mx_run(l, n, off), mxw_[l].experts, a.xe, a.we.rows(0, n), a.h13, a.act, ye);
@@ -67,6 +70,7 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
     ops_.grouped_gemm(a.act.rows(0, n), w.w2, off, ye);
   }
   trace_experts.reset();
+  part.emplace("moe: unpermute + residual");
   // combine
   if (ep) moe_combine(l, ye);
   // unpermute (the routing weights were already applied inside SwiGLU)
@@ -142,6 +146,7 @@ void MixtralModel::moe_backward(int l) {
   const Tensor dye =
       !held_.empty() && !mx_ && holds_wgrad() ? held_[l][static_cast<size_t>(wgrad_slot())].dye : s_.dye;
   // unpermute backward = permute of the output gradient
+  std::optional<TraceScope> part(std::in_place, "moe bwd: unpermute");  // sub-stages for MXTRAIN_STAGE_TIMING
   ops_.moe_permute(s_.dx, a.perm, k, (ep ? s_.dyp : dye).rows(0, R_));
   // combine backward = dispatch of the output gradient, with the forward's splits
   if (ep) moe_dispatch_grad(l, dye);
@@ -150,6 +155,7 @@ void MixtralModel::moe_backward(int l) {
   // experts backward; dispatch backward = combine of the input and routing-weight gradients, as soon as they
   // exist: with overlap it runs alongside the w13 weight gradient, the last and largest GEMM
   const bool overlap = ep && ep_.overlap;
+  part.reset();
   std::optional<TraceScope> trace_experts(std::in_place, "experts backward");
   auto combine = [&] {
     if (!ep) return;
@@ -179,6 +185,7 @@ void MixtralModel::moe_backward(int l) {
     ep_.comm->wait_started();
   }
   trace_experts.reset();
+  part.emplace("moe bwd: permute + router + norm + residual");
   // permute backward
   ops_.moe_unpermute(s_.dxp, a.perm, k, s_.dtmp);
   ops_.moe_unpermute_weights(s_.dwp, a.perm, s_.dtopk_w);
