@@ -32,6 +32,9 @@
 #             to NCCL) and off: tokens/s and the overlapped exchange's time
 #   power     bench_grouped_gemm --sustain: the 8x7B W13 GEMMs held 5 s each (cuBLASLt dense, 1-CTA, CTA pairs) with
 #             nvidia-smi sampling: TFLOP/s, SM clock and power of each under the 700 W cap (scripts/gpu_samples.py run)
+#   stages    bench_8x1B and bench_8x7B_2layer (4 steps, eager) with MXTRAIN_STAGE_TIMING=1: GPU time per stage and
+#             sub-stage (projections, RoPE, attention core, router, permutes, expert wgrad) per optimizer step
+#             (a whole-run ncu profile of these shapes does not finish in a device call's 10 minutes; session 26)
 #   speed     issue 4's single-GPU figures in one call: bench_attention (8x1B, 8x7B shapes) beside PyTorch's SDPA,
 #             bench_grouped_gemm beside cuBLASLt, scripts/bench_trainer.py (8x1B, 8x7B 2 layers) beside the HF baseline,
 #             with the GPU's clock and power per run (--sample-gpu)
@@ -291,6 +294,14 @@ PY
     add "grouped GEMM held under the power cap" "rc=$?"
     grep -E '^\{' "$OUT/power_gg.log"
     grep -E '^\| (run|8x7B [a-z])' "$OUT/power_gg.log"  # the clock and power table
+    ;;
+  stages)
+    for cfg in bench_8x1B bench_8x7B_2layer; do
+      CUDA_VISIBLE_DEVICES=0 MXTRAIN_STAGE_TIMING=1 timeout 150 "$MX" --config-name $cfg backend=cuda \
+        dataset.source=random num_train_steps=4 output_dir="$OUT/stages_$cfg" >"$OUT/stages_$cfg.log" 2>&1
+      add "stage timing $cfg" "rc=$?"
+      grep -A40 "stage times" "$OUT/stages_$cfg.log"
+    done
     ;;
   speed)
     export CUDA_VISIBLE_DEVICES=0
