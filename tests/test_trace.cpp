@@ -1,10 +1,15 @@
 // Stage names and the stage clock hook behind TraceScope.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "tiny_config.hpp"
+#include "mxtrain/data.hpp"
+#include "mxtrain/ops.hpp"
 #include "mxtrain/trace.hpp"
+#include "mxtrain/trainer.hpp"
 
 namespace mxt {
 namespace {
@@ -37,6 +42,38 @@ TEST(Trace, InstalledClockSeesNestedScopesInOrder) {
   { TraceScope after("not seen"); }
   EXPECT_EQ(clock.seen, (std::vector<std::string>{"+layer 1 moe", "+experts", "-", "-"}));
   EXPECT_EQ(stage_clock(), nullptr);
+}
+
+// A training step opens every stage MXTRAIN_STAGE_TIMING's table is read by (docs/perf.md, session 26), each
+// closed before its enclosing one.
+TEST(Trace, TrainingStepOpensEverySubStage) {
+  TrainConfig c = testing::tiny_config("mxtrain_test_trace_stages");
+  c.num_train_steps = 2;
+  c.lr_scheduler = {1, 1, 0.1};
+  auto ops = make_cpu_ops();
+  Trainer trainer(c, *ops, embedded_corpus_tokens());
+  RecordingClock clock;
+  install_stage_clock(&clock);
+  trainer.run();
+  install_stage_clock(nullptr);
+  for (const char* name :
+       {"attn: norm", "attn: qkv projections", "attn: rope", "attn: core", "attn: out projection + residual",
+        "attn bwd: out projection", "attn bwd: core", "attn bwd: rope", "attn bwd: qkv projections",
+        "attn bwd: norm + residual", "moe: norm + router", "moe: permute", "experts", "moe: unpermute + residual",
+        "moe bwd: unpermute", "experts backward", "experts wgrad", "moe bwd: permute + router + norm + residual",
+        "lm head + loss (forward and backward)", "grad_reduce + optimizer"}) {
+    const int64_t opened = std::count(clock.seen.begin(), clock.seen.end(), std::string("+") + name);
+    // per micro-batch and layer (the LM head: per micro-batch; the optimizer: per step)
+    EXPECT_GE(opened, 2) << name;
+  }
+  int64_t depth = 0, max_depth = 0;
+  for (const std::string& e : clock.seen) {
+    depth += e == "-" ? -1 : 1;
+    ASSERT_GE(depth, 0) << "a stage closed that was not open";
+    max_depth = std::max(max_depth, depth);
+  }
+  EXPECT_EQ(depth, 0) << "a stage left open";
+  EXPECT_GE(max_depth, 3);  // micro-batch > layer block > sub-stage
 }
 
 }  // namespace
