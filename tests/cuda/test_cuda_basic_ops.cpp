@@ -411,7 +411,9 @@ TEST(CudaBasicOps, RopeForwardBackwardMatchCpu) {
   auto cpu = make_cpu_ops();
   const float theta = 1e6f;
   struct Case { int64_t T, H, D; };
-  for (const Case c : {Case{1, 1, 64}, Case{300, 3, 64}, Case{257, 8, 128}, Case{5, 2, 2}, Case{9, 3, 24}}) {
+  // 16 heads of 128 (8x1B's q), 5 heads (a partial chunk of the vector kernel's 4), 8 pairs per half (one group)
+  for (const Case c : {Case{1, 1, 64}, Case{300, 3, 64}, Case{257, 8, 128}, Case{5, 2, 2}, Case{9, 3, 24},
+                       Case{130, 16, 128}, Case{33, 5, 128}, Case{70, 6, 16}}) {
     std::mt19937 rng(91 + static_cast<uint32_t>(c.D));
     std::uniform_int_distribution<int32_t> pd(0, 4095);
     std::vector<int32_t> pos(c.T);
@@ -433,6 +435,19 @@ TEST(CudaBasicOps, RopeForwardBackwardMatchCpu) {
         gpu->rope_backward(gx, gpos, theta);
       auto got = download(*gpu, gx.t);
       EXPECT_CLOSE_REL(got, ref, 1e-2);
+      // The same tensor 2 bytes off 16-byte alignment takes the scalar kernel: the same bits.
+      std::vector<float> shifted(x);
+      shifted.insert(shifted.begin(), 0.f);
+      auto gs = upload(*gpu, shifted, DType::BF16, {n + 1});
+      const Tensor off = gs.t.rows(1, n).view({c.T, c.H, c.D});
+      if (sign > 0)
+        gpu->rope_forward(off, gpos, theta);
+      else
+        gpu->rope_backward(off, gpos, theta);
+      const auto got_scalar = download(*gpu, off);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n; ++i) differ += got_scalar[i] != got[i];
+      EXPECT_EQ(differ, 0) << "D=" << c.D << " H=" << c.H << " sign=" << sign;
       auto emu = rope_hf_emulation(x, pos, c.T, c.H, c.D, theta, sign);
       int64_t mismatches = 0, far = 0;
       for (int64_t i = 0; i < n; ++i) {
