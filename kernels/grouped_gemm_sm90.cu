@@ -925,6 +925,7 @@ void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CU
   const int64_t n = std::max<int64_t>(1, slots.load() * ctx.gemm_sms() / ctx.num_sms);
   cfg.gridDim = dim3(static_cast<unsigned>(kCl * (max_units < 1 ? 1 : (max_units < n ? max_units : n))));
   cuda::check(cudaLaunchKernelEx(&cfg, kernel, a, b, c, sets, p), op, "kernel launch");
+  stage_mark(op);
 }
 
 template <Mode kMode>

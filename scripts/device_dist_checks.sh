@@ -35,6 +35,8 @@
 #   stages    bench_8x1B and bench_8x7B_2layer (4 steps, eager) with MXTRAIN_STAGE_TIMING=1: GPU time per stage and
 #             sub-stage (projections, RoPE, attention core, router, permutes, expert wgrad) per optimizer step
 #             (a whole-run ncu profile of these shapes does not finish in a device call's 10 minutes; session 26)
+#   ops       bench_8x1B and bench_8x7B_2layer (3 steps, eager) with MXTRAIN_STAGE_TIMING=ops: the stage table and
+#             GPU time per kernel launch by (innermost stage, op), the 45 longest printed
 #   speed     issue 4's single-GPU figures in one call: bench_attention (8x1B, 8x7B shapes) beside PyTorch's SDPA,
 #             bench_grouped_gemm beside cuBLASLt, scripts/bench_trainer.py (8x1B, 8x7B 2 layers) beside the HF baseline,
 #             with the GPU's clock and power per run (--sample-gpu)
@@ -301,6 +303,14 @@ PY
         dataset.source=random num_train_steps=4 output_dir="$OUT/stages_$cfg" >"$OUT/stages_$cfg.log" 2>&1
       add "stage timing $cfg" "rc=$?"
       grep -A40 "stage times" "$OUT/stages_$cfg.log"
+    done
+    ;;
+  ops)
+    for cfg in bench_8x1B bench_8x7B_2layer; do
+      CUDA_VISIBLE_DEVICES=0 MXTRAIN_STAGE_TIMING=ops timeout 200 "$MX" --config-name $cfg backend=cuda \
+        dataset.source=random num_train_steps=3 output_dir="$OUT/ops_$cfg" >"$OUT/ops_$cfg.log" 2>&1
+      add "op timing $cfg" "rc=$?"
+      grep -A45 "^op times" "$OUT/ops_$cfg.log"
     done
     ;;
   speed)
