@@ -68,6 +68,7 @@
 #include "sm90_grouped_gemm.cuh"
 #include "sm90_host.cuh"
 #include "sm90_ptx.cuh"
+#include "sm90_row_units.hpp"
 #include "sm90_sched.cuh"
 #include "sm90_wgmma.cuh"
 
@@ -220,13 +221,8 @@ struct Item {
   bool shared_b;         // fwd / dgrad, clusters: B is the pair's shared tile (multicast halves), else its own
 };
 
-// Fwd / dgrad with CTA pairs: whether expert e's odd last m-tile is paired over n-tiles (an even n-tile count).
-__device__ __forceinline__ bool odd_tail_over_n(const Params& p, int mt) {
-  return p.odd_tail && (mt & 1) && (p.n_units & 1) == 0;
-}
-
-// kCl CTAs (cluster ranks) share a unit: wgrad: rank r takes n-tile unit * kCl + r; forward / dgrad: m-tile
-// unit * kCl + r of the unit's n-tile, or for an expert's odd last m-tile the r-th of the unit's two n-tiles.
+// kCl CTAs (cluster ranks) share a unit: wgrad: rank r takes n-tile unit * kCl + r; forward / dgrad: row_unit
+// (sm90_sched.cuh).
 template <Mode kMode, int BN, int kCl>
 __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int item, int& e, int rank) {
   while (item >= sc.cum[e + 1]) ++e;  // items of one CTA increase, so the expert only moves forward
@@ -243,28 +239,14 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
     it.row0 = sc.lo[e];
     it.row_hi = sc.hi[e];
     it.nk = sc.mtiles[e];
-  } else {  // a unit is kCl adjacent m-tiles (rank r takes the r-th) of one n-tile
-    const int mt = sc.mtiles[e];
+  } else {
+    const RowUnit u = row_unit(local, sc.mtiles[e], p.n_units, kCl, p.odd_tail != 0, rank);
+    it.row0 = sc.lo[e] + u.m_tile * BM;
     it.row_hi = sc.hi[e];
+    it.n0 = u.n_tile * kItemCols<kMode, BN>;
+    it.shared_b = u.shared_b;
     it.m0 = 0;
     it.nk = (p.K + BK - 1) / BK;
-    if (kCl > 1 && odd_tail_over_n(p, mt)) {
-      // Per pair of n-tiles: the m-tile pairs of the first, of the second, then the last m-tile over both.
-      const int full = mt / kCl, per = kCl * full + 1;
-      const int np = local / per, r = local % per;
-      if (r < kCl * full) {
-        it.row0 = sc.lo[e] + ((r % full) * kCl + rank) * BM;
-        it.n0 = (kCl * np + r / full) * kItemCols<kMode, BN>;
-      } else {
-        it.row0 = sc.lo[e] + (mt - 1) * BM;
-        it.n0 = (kCl * np + rank) * kItemCols<kMode, BN>;
-        it.shared_b = false;
-      }
-    } else {
-      const int groups = (mt + kCl - 1) / kCl;
-      it.row0 = sc.lo[e] + ((local % groups) * kCl + rank) * BM;
-      it.n0 = (local / groups) * kItemCols<kMode, BN>;
-    }
   }
   return it;
 }
@@ -728,8 +710,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       const int32_t mt = (hi - lo + BM - 1) / BM;
       sc.mtiles[e] = mt;
-      sc.cum[e + 1] = kCl > 1 && odd_tail_over_n(p, mt) ? mt * p.n_units / kCl
-                                                                : (mt + kCl - 1) / kCl * p.n_units;
+      sc.cum[e + 1] = row_units_of_expert(mt, p.n_units, kCl, p.odd_tail != 0);
     }
   }
   if (tid == 0) {
