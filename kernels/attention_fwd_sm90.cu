@@ -11,7 +11,7 @@
 // last query but still releases them. The two warpgroups are not synchronised with each other, so one's
 // softmax runs while the other's GEMMs use the tensor cores.
 //
-// Ping-pong variant (MXTRAIN_ATTENTION_FWD_SCHED=pingpong; opt-in until measured): a producer warp of its own
+// Ping-pong variant (MXTRAIN_ATTENTION_FWD_SCHED=pingpong; opt-in until measured): a producer warpgroup of its own
 // streams K and V, and each warpgroup issues step j's S = Q K^T together with step j-1's O += P V, then runs
 // step j's softmax; the two warpgroups take turns to issue (named barriers), so one's softmax lines up with the
 // other's GEMMs instead of both warpgroups contending for the tensor cores and then both for the exp unit. The
@@ -46,7 +46,10 @@ constexpr int kStageBytes = 4 * kBox;
 constexpr int kOffBar = kOffStages + kStages * kStageBytes;
 constexpr int kSmem = kOffBar + (2 * kStages + 1) * 8 + 1024;  // + slack for 1024-byte alignment
 constexpr int kThreads = 256;
-constexpr int kPpThreads = 288;  // ping-pong: two consumer warpgroups and a producer warp
+constexpr int kPpThreads = 384;  // ping-pong: two consumer warpgroups and a producer warpgroup
+// Registers, moved from the producer warpgroup to the consumers (128 x 56 + 256 x 224 = 168 x 384): 9 or more
+// warps at 168 each left the dQ consumers spilling.
+constexpr uint32_t kProducerRegs = 56, kConsumerRegs = 224;
 constexpr uint32_t kTurnBar = 1;  // ping-pong: named barriers kTurnBar + w, "warpgroup w may issue"
 constexpr float kLn2 = 0.693147180559945309f;
 
@@ -244,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// The ping-pong schedule (see the top of the file). Warp 8 produces; warpgroups 0 and 1 consume, each releasing a
+// The ping-pong schedule (see the top of the file). Warpgroup 2 produces; warpgroups 0 and 1 consume, each releasing a
 // stage once its P V has run (one step later than the serial kernel).
 __global__ void __launch_bounds__(kPpThreads, 1)
     attn_fwd_sm90_pp_kernel(const __grid_constant__ TMaps maps, const FwdParams p) {
@@ -259,7 +262,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 
   if (tid == 0) sm90k::init_ring(m.full, m.empty, kStages, m.q_full);
   __syncthreads();
-  if (tid >= 256) {  // the producer warp; no block-wide barrier follows
+  if (tid >= 256) {  // the producer warpgroup (one thread works); no block-wide barrier follows
+    setmaxnreg_dec<kProducerRegs>();
     if (tid == 256) {
       load_q(maps, m, t, S);
       for (int i = 0; i < n_steps; ++i) {
@@ -270,6 +274,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     }
     return;
   }
+  setmaxnreg_inc<kConsumerRegs>();
 
   const int w = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
   const int g = lane / 4, c4 = lane % 4;
@@ -289,20 +294,39 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   // Turns: warpgroup w waits on barrier kTurnBar + w, then lets the other issue. Each barrier completes once per
   // step: warpgroup 1 arrives once up front and skips its last arrival, so neither is left pending at exit.
   if (w == 1) named_barrier_arrive(kTurnBar, 256);
+  // The wgmmas are issued unconditionally inside the loop (ptxas serialises wgmmas on divergent paths): step 0,
+  // which every warpgroup has keys in, is peeled off, and warpgroup 0's last tile, the only one without keys for
+  // it (kBM = 2 kBN), still has its scores computed, then dropped.
+  static_assert(kBM == 2 * kBN, "only warpgroup 0's last key tile may lie past its queries");
   uint32_t fp[4][4];
-  int pending = -1;  // the stage whose V the packed P (fp) still has to multiply
-  int s = 0;
+  int pending = 0;  // the stage whose V the packed P (fp) still has to multiply; -1: none
+  {
+    mbar_wait(&m.full[0], 0);
+    float sa[32];
+    named_barrier_sync(kTurnBar + w, 256);
+    wgmma_fence();
+    sm90k::mma_rows_d128(sa, qa, m.base + kOffStages + kStageK);
+    wgmma_commit();
+    if (w == 0 || n_steps > 1) named_barrier_arrive(kTurnBar + 1 - w, 256);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) fence_operand(sa[i]);
+    softmax_tile(sa, o, m_a, m_b, l_a, l_b, p.scale_log2, kBN - 1 > w_first, row0, 0, c4);
+    sm90k::pack_a_frags(sa, fp);
+  }
+  static_assert(kStages > 1, "step 1 uses the next stage");
+  int s = 1;
   uint32_t phase = 0;
-  for (int step = 0; step < n_steps; ++step) {
+  for (int step = 1; step < n_steps; ++step) {
     const int n0 = step * kBN;
-    const bool active = n0 <= w_last;  // warpgroup 0 has no keys in the last tile
+    const bool active = n0 <= w_last;
     mbar_wait(&m.full[s], phase);
     const uint32_t st = m.base + kOffStages + s * kStageBytes;
     float sa[32];
     named_barrier_sync(kTurnBar + w, 256);
     wgmma_fence();
-    if (active) sm90k::mma_rows_d128(sa, qa, st + kStageK);
-    if (pending >= 0) mma_pv(o, fp, m.base + kOffStages + pending * kStageBytes + kStageV);
+    sm90k::mma_rows_d128(sa, qa, st + kStageK);
+    mma_pv(o, fp, m.base + kOffStages + pending * kStageBytes + kStageV);
     wgmma_commit();
     if (w == 0 || step + 1 < n_steps) named_barrier_arrive(kTurnBar + 1 - w, 256);
     wgmma_wait<0>();
@@ -310,14 +334,14 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     for (int i = 0; i < 32; ++i) fence_operand(sa[i]);
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(o[i]);
-    if (pending >= 0) release(pending);
-    pending = -1;
+    release(pending);
     if (active) {
       softmax_tile(sa, o, m_a, m_b, l_a, l_b, p.scale_log2, n0 + kBN - 1 > w_first, row0, n0, c4);
       sm90k::pack_a_frags(sa, fp);
       pending = s;
-    } else {
+    } else {  // warpgroup 0's last step
       release(s);
+      pending = -1;
     }
     if (++s == kStages) {
       s = 0;
@@ -341,20 +365,12 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 
 }  // namespace
 
-// MXTRAIN_ATTENTION_FWD_SCHED: serial (default) or pingpong (read per call, so tests can switch).
-bool pingpong_schedule(const char* op) {
-  const char* e = std::getenv("MXTRAIN_ATTENTION_FWD_SCHED");
-  if (!e || !*e || !std::strcmp(e, "serial")) return false;
-  if (!std::strcmp(e, "pingpong")) return true;
-  fail(op, std::string("environment MXTRAIN_ATTENTION_FWD_SCHED=") + e + ": expected serial or pingpong");
-}
-
 bool try_fwd_sm90(const Geom& G, const FwdParams& p, int device, cudaStream_t stream) {
   const char* op = "attention_forward";
   const char* env = "MXTRAIN_ATTENTION_FWD";
   const sm90k::Mode mode = sm90k::env_mode(env, op);
   if (mode == sm90k::Mode::Off) return false;
-  const bool pp = pingpong_schedule(op);
+  const bool pp = sm90k::env_schedule("MXTRAIN_ATTENTION_FWD_SCHED", op);
   static std::atomic<int> cache[64];
   static std::atomic<bool> smem_set{false}, pp_smem_set{false};
   const void* kernel = pp ? reinterpret_cast<const void*>(attn_fwd_sm90_pp_kernel)

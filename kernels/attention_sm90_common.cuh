@@ -38,6 +38,15 @@ inline Mode env_mode(const char* var, const char* op) {
   fail(op, std::string("environment ") + var + "=" + e + ": expected auto, wgmma or mma");
 }
 
+// A wgmma kernel's schedule from environment variable `var`: serial (unset, empty or "serial": false) or
+// "pingpong" (true); anything else is an error naming the variable. Read at every call, so tests can switch.
+inline bool env_schedule(const char* var, const char* op) {
+  const char* e = std::getenv(var);
+  if (!e || !*e || !std::strcmp(e, "serial")) return false;
+  if (!std::strcmp(e, "pingpong")) return true;
+  fail(op, std::string("environment ") + var + "=" + e + ": expected serial or pingpong");
+}
+
 inline bool make_rows_map(CUtensorMap& m, const void* ptr, int64_t rows, int64_t cols) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};

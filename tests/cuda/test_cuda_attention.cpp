@@ -373,6 +373,41 @@ TEST(CudaAttention, WgmmaForwardPingPong) {
   }
 }
 
+// The dQ kernel's ping-pong schedule (MXTRAIN_ATTENTION_DQ_SCHED=pingpong): against the CPU twin, and dQ bit for
+// bit against the serial kernel's.
+TEST(CudaAttention, WgmmaDqPingPong) {
+  MXT_REQUIRE_SM90();
+  ScopedEnv dq_impl("MXTRAIN_ATTENTION_DQ", "wgmma");
+  {
+    ScopedEnv sched("MXTRAIN_ATTENTION_DQ_SCHED", "pingpong");
+    run_case({1, 256, 4, 2, 128, 1.f}, 1600);
+    run_case({2, 384, 8, 2, 128, 3.f}, 1610);
+    run_case({1, 128, 4, 1, 128, 1.f}, 1620);
+  }
+  struct Shape { int64_t B, S, H, KVH; };
+  for (const Shape c : {Shape{1, 128, 2, 1}, Shape{2, 640, 4, 2}, Shape{1, 2048, 2, 2}}) {
+    SCOPED_TRACE("B=" + std::to_string(c.B) + " S=" + std::to_string(c.S) + " H=" + std::to_string(c.H));
+    auto gpu = make_cuda_ops();
+    const int64_t T = c.B * c.S, D = 128;
+    const AttnShape s{c.B, c.S, c.H, c.KVH, D, {}};
+    auto q = upload(*gpu, rounded_randn(T * c.H * D, 1630, 1.f), DType::BF16, {T, c.H, D});
+    auto k = upload(*gpu, rounded_randn(T * c.KVH * D, 1631, 1.f), DType::BF16, {T, c.KVH, D});
+    auto v = upload(*gpu, rounded_randn(T * c.KVH * D, 1632, 1.f), DType::BF16, {T, c.KVH, D});
+    auto dout = upload(*gpu, rounded_randn(T * c.H * D, 1633, 1.f), DType::BF16, {T, c.H, D});
+    DeviceTensor o(*gpu, DType::BF16, {T, c.H, D}), l(*gpu, DType::F32, {c.B, c.H, c.S});
+    DeviceTensor dk(*gpu, DType::BF16, {T, c.KVH, D}), dv(*gpu, DType::BF16, {T, c.KVH, D});
+    gpu->attention_forward(s, q, k, v, o, l);
+    std::vector<float> dq[2];
+    for (int pp = 0; pp < 2; ++pp) {
+      ScopedEnv sched("MXTRAIN_ATTENTION_DQ_SCHED", pp ? "pingpong" : "serial");
+      auto g = upload(*gpu, rounded_randn(T * c.H * D, 1634 + pp, 100.f), DType::BF16, {T, c.H, D});
+      gpu->attention_backward(s, dout, q, k, v, o, l, g, dk, dv);
+      dq[pp] = download(*gpu, g);
+    }
+    EXPECT_EQ(0, std::memcmp(dq[0].data(), dq[1].data(), dq[0].size() * 4)) << "dq differs";
+  }
+}
+
 // Required but not applicable (seq not a multiple of 128): an error naming why, not a silent fallback.
 TEST(CudaAttention, WgmmaRequiredWhereItDoesNotApply) {
   MXT_REQUIRE_GPU();
