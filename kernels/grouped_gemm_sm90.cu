@@ -34,12 +34,12 @@
 // both (32 KiB instead of 48 KiB from L2 per k-block and CTA at BN = 256, as cuBLASLt's 2x1 clusters do). An
 // expert with an odd number of m-tiles pairs its last m-tile over n-tiles instead: the two CTAs take the same
 // rows and adjacent n-tiles, each loading its own B tile (one such unit after each pair of n-tiles' m-tile pairs,
-// so B stays in L2). Padding each expert to 256 rows instead cost an eighth of the slots at ~1,024 rows per
-// expert (8x7B, 8x1B). With an odd number of n-tiles the second CTA of the last pair is left without rows: it
-// still loads and multiplies (its peer needs its half of B) but stores nothing. Wgrad: the CTAs take adjacent n-tiles of one
-// output tile row and share the A tile (dy's columns) the same way. A stage is then written by both CTAs' TMA, so
-// its empty barrier counts the consumer warps of both CTAs (remote arrivals), and the CTAs sync as a cluster
-// after initialising the barriers and before exiting.
+// so B stays in L2; sm90_row_units.hpp). Padding each expert to 256 rows instead cost an eighth of the slots at
+// ~1,024 rows per expert (8x7B, 8x1B). With an odd number of n-tiles the second CTA of the last pair is left
+// without rows: it still loads and multiplies (its peer needs its half of B) but stores nothing. Wgrad: the CTAs
+// take adjacent n-tiles of one output tile row and share the A tile (dy's columns) the same way. A stage is then
+// written by both CTAs' TMA, so its empty barrier counts the consumer warps of both CTAs (remote arrivals), and
+// the CTAs sync as a cluster after initialising the barriers and before exiting.
 //
 // Expert boundaries: forward / dgrad load 128 rows from the tile's first row even past the expert's end (they
 // belong to the next expert, or are zero-filled past R); each output row depends only on its own input row,
@@ -222,7 +222,7 @@ struct Item {
 };
 
 // kCl CTAs (cluster ranks) share a unit: wgrad: rank r takes n-tile unit * kCl + r; forward / dgrad: row_unit
-// (sm90_sched.cuh).
+// (sm90_row_units.hpp).
 template <Mode kMode, int BN, int kCl>
 __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int item, int& e, int rank) {
   while (item >= sc.cum[e + 1]) ++e;  // items of one CTA increase, so the expert only moves forward

@@ -99,6 +99,15 @@ if len(names) >= 2:
 PY
 }
 
+# tokens/s over steps 2.. of a metrics file, as hf_baseline.py times it
+tok_per_s() {
+  python3 - "$1" <<'PY' 2>&1 | tail -1
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+print("%.0f tok/s" % ((r[-1]["tokens"] - r[1]["tokens"]) / (r[-1]["elapsed_s"] - r[1]["elapsed_s"])))
+PY
+}
+
 for section in "$@"; do
   case $section in
   attn)
@@ -316,7 +325,7 @@ PY
         read -r dir envs <<<"${!v:-$BIN_DIR}"
         env $envs CUDA_VISIBLE_DEVICES=0 timeout 200 "$dir/mxtrain" --config-name $cfg backend=cuda \
           dataset.source=random num_train_steps=8 output_dir="$OUT/ab_${cfg}_$run" >"$OUT/ab_${cfg}_$run.log" 2>&1
-        add "ab $cfg $run" "rc=$? $(python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print("%.0f tok/s" % ((r[-1]["tokens"]-r[1]["tokens"])/(r[-1]["elapsed_s"]-r[1]["elapsed_s"])))' "$OUT/ab_${cfg}_$run/metrics.jsonl" 2>&1 | tail -1)"
+        add "ab $cfg $run" "rc=$? $(tok_per_s "$OUT/ab_${cfg}_$run/metrics.jsonl")"
       done
       metrics A1="$OUT/ab_${cfg}_A1/metrics.jsonl" B1="$OUT/ab_${cfg}_B1/metrics.jsonl" | tail -1
     done
