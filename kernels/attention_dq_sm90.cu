@@ -35,7 +35,8 @@ constexpr int kBN = 64;                  // keys per step
 constexpr int kStages = 3;
 constexpr int kOffDO = 4 * kBox;         // Q: boxes [warpgroup][d chunk], then dO the same
 constexpr int kOffStages = 8 * kBox;
-constexpr int kStageK = 0, kStageV = 2 * kBox;
+constexpr int kStageK = 0, kStageV = 2 * kBox;  // as sm90k::load_kv_tile / produce_kv lay a stage out
+static_assert(kStageK == 0 && kStageV == 2 * kBox, "the ring's stage layout is sm90k::produce_kv's");
 constexpr int kStageBytes = 4 * kBox;
 constexpr int kOffBar = kOffStages + kStages * kStageBytes;
 constexpr int kSmem = kOffBar + (2 * kStages + 1) * 8 + 1024;  // + slack for 1024-byte alignment
@@ -75,24 +76,14 @@ __device__ __forceinline__ void ds_tile(const float (&sa)[32], float (&pa)[32], 
     }
 }
 
-// dQ += dS K over one key tile: k = 16 keys per wgmma, dS as the register A operand, K (at k) read N-major.
-__device__ __forceinline__ void mma_dq(float (&dq)[64], const uint32_t (&fd)[4][4], uint32_t k) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    sm90::wgmma_m64n128k16_rs<1>(dq, fd[kk], sm90::smem_desc(k + kk * 2048, kBox, 1024), 1u);
-}
-
 __global__ void __launch_bounds__(kThreads, 1)
     attn_bwd_dq_sm90_kernel(const __grid_constant__ TMaps maps, const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace mxt::sm90;
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = smem_u32(smem_raw);
-  uint8_t* smem_ptr = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
-  const uint32_t smem = smem_u32(smem_ptr);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_ptr + kOffBar);
-  uint64_t* empty = full + kStages;
-  uint64_t* q_full = empty + kStages;
+  const sm90k::Ring ring = sm90k::ring_smem(smem_raw, kOffBar, kStages);
+  const uint32_t smem = ring.base;
+  uint64_t *full = ring.full, *empty = ring.empty, *q_full = ring.once;
 
   const int S = p.S;
   const sm90k::QueryTile t = sm90k::query_tile(p.B, S, p.H, p.KVH);
@@ -153,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t fd[4][4];
     sm90k::pack_a_frags(pa, fd);
     wgmma_fence();
-    mma_dq(dq, fd, st + kStageK);
+    sm90k::mma_regs_k64(dq, fd, st + kStageK);
     wgmma_commit();
     wgmma_wait<0>();
     __syncwarp();
@@ -181,12 +172,9 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace mxt::sm90;
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = smem_u32(smem_raw);
-  uint8_t* smem_ptr = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
-  const uint32_t smem = smem_u32(smem_ptr);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_ptr + kOffBar);
-  uint64_t* empty = full + kStages;
-  uint64_t* q_full = empty + kStages;
+  const sm90k::Ring ring = sm90k::ring_smem(smem_raw, kOffBar, kStages);
+  const uint32_t smem = ring.base;
+  uint64_t *full = ring.full, *empty = ring.empty, *q_full = ring.once;
   const int S = p.S;
   const sm90k::QueryTile t = sm90k::query_tile(p.B, S, p.H, p.KVH);
   const int n_steps = t.n_steps;
@@ -198,12 +186,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     setmaxnreg_dec<kProducerRegs>();
     if (tid == 256) {
       load_q_do(maps, smem, q_full, t, S);
-      for (int i = 0; i < n_steps; ++i) {
-        const int st_i = i % kStages;
-        if (i >= kStages) mbar_wait(&empty[st_i], static_cast<uint32_t>(i / kStages - 1) & 1u);
-        sm90k::load_kv_tile(maps, &full[st_i], smem + kOffStages + st_i * kStageBytes + kStageK, kStageV - kStageK,
-                            t, S, i * kBN);
-      }
+      sm90k::produce_kv(maps, ring, kStages, kOffStages, kStageBytes, t, S);
     }
     return;
   }
@@ -249,7 +232,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     uint32_t fd[4][4];
     sm90k::pack_a_frags(pa, fd);
     wgmma_fence();
-    mma_dq(dq, fd, st + kStageK);
+    sm90k::mma_regs_k64(dq, fd, st + kStageK);
     wgmma_commit();
     wgmma_wait<0>();
     release(s);

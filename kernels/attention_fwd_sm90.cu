@@ -41,7 +41,8 @@ constexpr int kBM = 128;                 // queries per CTA: 2 warpgroups x 64
 constexpr int kBN = 64;                  // keys per step
 constexpr int kStages = 4;
 constexpr int kOffStages = 4 * kBox;     // Q: boxes [warpgroup][d chunk]
-constexpr int kStageK = 0, kStageV = 2 * kBox;
+constexpr int kStageK = 0, kStageV = 2 * kBox;  // as sm90k::load_kv_tile / produce_kv lay a stage out
+static_assert(kStageK == 0 && kStageV == 2 * kBox, "the ring's stage layout is sm90k::produce_kv's");
 constexpr int kStageBytes = 4 * kBox;
 constexpr int kOffBar = kOffStages + kStages * kStageBytes;
 constexpr int kSmem = kOffBar + (2 * kStages + 1) * 8 + 1024;  // + slack for 1024-byte alignment
@@ -106,13 +107,6 @@ __device__ __forceinline__ void softmax_tile(float (&sa)[32], float (&o)[64], fl
   }
 }
 
-// O += P V over one key tile: k = 16 keys per wgmma, P as the register A operand, V (at v) read N-major.
-__device__ __forceinline__ void mma_pv(float (&o)[64], const uint32_t (&fp)[4][4], uint32_t v) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    sm90::wgmma_m64n128k16_rs<1>(o, fp[kk], sm90::smem_desc(v + kk * 2048, kBox, 1024), 1u);
-}
-
 // O = o / l as bf16 pairs straight from the accumulators; lse in natural log.
 __device__ __forceinline__ void store_out(const float (&o)[64], float l_a, float l_b, float m_a, float m_b,
                                           const FwdParams& p, int b, int h, int row0, int c4) {
@@ -135,31 +129,15 @@ __device__ __forceinline__ void store_out(const float (&o)[64], float l_a, float
   }
 }
 
-// The CTA's shared memory (1024-byte aligned): Q boxes, the K / V ring, its barriers.
-struct FwdSmem {
-  uint32_t base;
-  uint64_t *full, *empty, *q_full;
-};
-__device__ __forceinline__ FwdSmem fwd_smem(uint8_t* raw_ptr) {
-  const uint32_t raw = sm90::smem_u32(raw_ptr);
-  uint8_t* ptr = raw_ptr + ((1024u - (raw & 1023u)) & 1023u);
-  FwdSmem m;
-  m.base = sm90::smem_u32(ptr);
-  m.full = reinterpret_cast<uint64_t*>(ptr + kOffBar);
-  m.empty = m.full + kStages;
-  m.q_full = m.empty + kStages;
-  return m;
-}
-
 // One thread: the CTA's 128 queries (two 64-row boxes per warpgroup) and the K / V tile of `step` into stage st_i.
-__device__ __forceinline__ void load_q(const TMaps& maps, const FwdSmem& m, const sm90k::QueryTile& t, int S) {
-  sm90::mbar_arrive_expect_tx(m.q_full, 4 * kBox);
-  const uint32_t qb = sm90::smem_u32(m.q_full);
+__device__ __forceinline__ void load_q(const TMaps& maps, const sm90k::Ring& m, const sm90k::QueryTile& t, int S) {
+  sm90::mbar_arrive_expect_tx(m.once, 4 * kBox);
+  const uint32_t qb = sm90::smem_u32(m.once);
   for (int w = 0; w < 2; ++w)
     for (int c = 0; c < 2; ++c)
       sm90::tma_load_2d(m.base + (2 * w + c) * kBox, &maps.q, qb, t.h * kD + 64 * c, t.b * S + t.q0 + 64 * w);
 }
-__device__ __forceinline__ void load_kv(const TMaps& maps, const FwdSmem& m, const sm90k::QueryTile& t, int S,
+__device__ __forceinline__ void load_kv(const TMaps& maps, const sm90k::Ring& m, const sm90k::QueryTile& t, int S,
                                         int step, int st_i) {
   sm90k::load_kv_tile(maps, &m.full[st_i], m.base + kOffStages + st_i * kStageBytes + kStageK, kStageV - kStageK, t,
                       S, step * kBN);
@@ -170,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace mxt::sm90;
   extern __shared__ uint8_t smem_raw[];
-  const FwdSmem m = fwd_smem(smem_raw);
+  const sm90k::Ring m = sm90k::ring_smem(smem_raw, kOffBar, kStages);
   const uint32_t smem = m.base;
   uint64_t* full = m.full;
   uint64_t* empty = m.empty;
@@ -180,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int b = t.b, h = t.h, q0 = t.q0, n_steps = t.n_steps;
   const int tid = threadIdx.x;
 
-  if (tid == 0) sm90k::init_ring(full, empty, kStages, m.q_full);
+  if (tid == 0) sm90k::init_ring(full, empty, kStages, m.once);
   __syncthreads();
 
   auto issue = [&](int step, int st_i) { load_kv(maps, m, t, S, step, st_i); };
@@ -198,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // l: this thread's part of the row sums
   const uint32_t qa = smem + (2 * w) * kBox;
-  mbar_wait(m.q_full, 0);
+  mbar_wait(m.once, 0);
 
   int s = 0;
   uint32_t phase = 0;
@@ -227,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t fp[4][4];
       sm90k::pack_a_frags(sa, fp);
       wgmma_fence();
-      mma_pv(o, fp, st + kStageV);
+      sm90k::mma_regs_k64(o, fp, st + kStageV);
       wgmma_commit();
       wgmma_wait<0>();
     }
@@ -254,23 +232,19 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace mxt::sm90;
   extern __shared__ uint8_t smem_raw[];
-  const FwdSmem m = fwd_smem(smem_raw);
+  const sm90k::Ring m = sm90k::ring_smem(smem_raw, kOffBar, kStages);
   const int S = p.S;
   const sm90k::QueryTile t = sm90k::query_tile(p.B, S, p.H, p.KVH);
   const int n_steps = t.n_steps;
   const int tid = threadIdx.x;
 
-  if (tid == 0) sm90k::init_ring(m.full, m.empty, kStages, m.q_full);
+  if (tid == 0) sm90k::init_ring(m.full, m.empty, kStages, m.once);
   __syncthreads();
   if (tid >= 256) {  // the producer warpgroup (one thread works); no block-wide barrier follows
     setmaxnreg_dec<kProducerRegs>();
     if (tid == 256) {
       load_q(maps, m, t, S);
-      for (int i = 0; i < n_steps; ++i) {
-        const int st_i = i % kStages;
-        if (i >= kStages) mbar_wait(&m.empty[st_i], static_cast<uint32_t>(i / kStages - 1) & 1u);
-        load_kv(maps, m, t, S, i, st_i);
-      }
+      sm90k::produce_kv(maps, m, kStages, kOffStages, kStageBytes, t, S);
     }
     return;
   }
@@ -289,7 +263,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     __syncwarp();
     if (lane == 0) mbar_arrive(&m.empty[stage]);
   };
-  mbar_wait(m.q_full, 0);
+  mbar_wait(m.once, 0);
 
   // Turns: warpgroup w waits on barrier kTurnBar + w, then lets the other issue. Each barrier completes once per
   // step: warpgroup 1 arrives once up front and skips its last arrival, so neither is left pending at exit.
@@ -326,7 +300,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     named_barrier_sync(kTurnBar + w, 256);
     wgmma_fence();
     sm90k::mma_rows_d128(sa, qa, st + kStageK);
-    mma_pv(o, fp, m.base + kOffStages + pending * kStageBytes + kStageV);
+    sm90k::mma_regs_k64(o, fp, m.base + kOffStages + pending * kStageBytes + kStageV);
     wgmma_commit();
     if (w == 0 || step + 1 < n_steps) named_barrier_arrive(kTurnBar + 1 - w, 256);
     wgmma_wait<0>();
@@ -350,7 +324,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   }
   if (pending >= 0) {
     wgmma_fence();
-    mma_pv(o, fp, m.base + kOffStages + pending * kStageBytes + kStageV);
+    sm90k::mma_regs_k64(o, fp, m.base + kOffStages + pending * kStageBytes + kStageV);
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
