@@ -9,7 +9,7 @@
 // then dQ += dS K (m64n128k16, dS as the register A operand, K read N-major). The row statistics (lse2, delta)
 // of a thread's two rows stay in registers.
 //
-// Ping-pong variant (MXTRAIN_ATTENTION_DQ_SCHED=pingpong; opt-in until measured): a producer warpgroup streams K
+// Ping-pong variant (MXTRAIN_ATTENTION_DQ_SCHED=pingpong, the default since measured faster): a producer warpgroup streams K
 // and V, and the two warpgroups take turns to issue their S and dP GEMMs (named barriers), so one's dS (an exp per
 // score) runs while the other's GEMMs do. dQ += dS K stays in the step (holding dS over the next step's GEMMs, as
 // the forward holds P, took more registers than the 168 a 384-thread CTA has). The same bits as the serial kernel.

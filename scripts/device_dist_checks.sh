@@ -353,7 +353,7 @@ PY
       --sample-gpu --out "$OUT/speed_trainer" 8x1B 8x7B-2layer >"$OUT/speed_trainer.log" 2>&1
     add "trainer vs HF (8x1B, 8x7B 2 layers)" "rc=$?"
     unset CUDA_VISIBLE_DEVICES
-    grep -hE "^8x(1|7)B .*(flash-v0 |flash-v0 fwd-pp|flash-v0 pp|torch-flash|torch-cudnn)" "$OUT"/speed_attn_*.log
+    grep -hE "^8x(1|7)B .*(flash-v0 |flash-v0 no-pp|torch-flash|torch-cudnn)" "$OUT"/speed_attn_*.log
     grep -h '^|' "$OUT/speed_gg.log" "$OUT/speed_trainer.log"
     ;;
   study)

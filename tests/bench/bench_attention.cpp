@@ -98,8 +98,8 @@ struct Impl {
   const char* dkv = "auto";       // MXTRAIN_ATTENTION_DKV
   const char* dq = "auto";        // MXTRAIN_ATTENTION_DQ
   const char* fwd = "auto";       // MXTRAIN_ATTENTION_FWD
-  const char* fwd_sched = "serial";  // MXTRAIN_ATTENTION_FWD_SCHED
-  const char* dq_sched = "serial";   // MXTRAIN_ATTENTION_DQ_SCHED
+  const char* fwd_sched = "pingpong";  // MXTRAIN_ATTENTION_FWD_SCHED
+  const char* dq_sched = "pingpong";   // MXTRAIN_ATTENTION_DQ_SCHED
 };
 
 void set_impl(const Impl& im) {
@@ -159,8 +159,7 @@ int run(int argc, char** argv) {
                         {"flash-v0 mma-dq", "flash", "0", false, "1", "auto", "mma"},
                         {"flash-v0 mma", "flash", "0", false, "1", "mma", "mma"},
                         {"flash-v0 mma-fwd", "flash", "0", false, "1", "auto", "auto", "mma"},
-                        {"flash-v0 fwd-pp", "flash", "0", false, "1", "auto", "auto", "auto", "pingpong"},
-                        {"flash-v0 pp", "flash", "0", false, "1", "auto", "auto", "auto", "pingpong", "pingpong"},
+                        {"flash-v0 no-pp", "flash", "0", false, "1", "auto", "auto", "auto", "serial", "serial"},
                         {"flash-v1", "flash", "1", false},
                         {"reference", "reference", "0", false}, {"flash-v0 docs1024", "flash", "0", true}};
   const int64_t B = 1, S = 4096, doc_len = 1024;
