@@ -10,11 +10,19 @@
 // O += P V (m64n128k16, P as the register A operand, V read N-major). A warpgroup skips the key tiles past its
 // last query but still releases them. The two warpgroups are not synchronised with each other, so one's
 // softmax runs while the other's GEMMs use the tensor cores.
+//
+// Ping-pong variant (MXTRAIN_ATTENTION_FWD_SCHED=pingpong, the default since measured faster): a producer warpgroup of its own
+// streams K and V, and each warpgroup issues step j's S = Q K^T together with step j-1's O += P V, then runs
+// step j's softmax; the two warpgroups take turns to issue (named barriers), so one's softmax lines up with the
+// other's GEMMs instead of both warpgroups contending for the tensor cores and then both for the exp unit. The
+// arithmetic and its order are the same as the serial kernel's: the same bits.
 #include <cuda.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "attention_flash_fwd.cuh"
@@ -33,11 +41,17 @@ constexpr int kBM = 128;                 // queries per CTA: 2 warpgroups x 64
 constexpr int kBN = 64;                  // keys per step
 constexpr int kStages = 4;
 constexpr int kOffStages = 4 * kBox;     // Q: boxes [warpgroup][d chunk]
-constexpr int kStageK = 0, kStageV = 2 * kBox;
+constexpr int kStageK = 0, kStageV = 2 * kBox;  // as sm90k::load_kv_tile / produce_kv lay a stage out
+static_assert(kStageK == 0 && kStageV == 2 * kBox, "the ring's stage layout is sm90k::produce_kv's");
 constexpr int kStageBytes = 4 * kBox;
 constexpr int kOffBar = kOffStages + kStages * kStageBytes;
 constexpr int kSmem = kOffBar + (2 * kStages + 1) * 8 + 1024;  // + slack for 1024-byte alignment
 constexpr int kThreads = 256;
+constexpr int kPpThreads = 384;  // ping-pong: two consumer warpgroups and a producer warpgroup
+// Registers, moved from the producer warpgroup to the consumers (128 x 56 + 256 x 224 = 168 x 384): 9 or more
+// warps at 168 each left the dQ consumers spilling.
+constexpr uint32_t kProducerRegs = 56, kConsumerRegs = 224;
+constexpr uint32_t kTurnBar = 1;  // ping-pong: named barriers kTurnBar + w, "warpgroup w may issue"
 constexpr float kLn2 = 0.693147180559945309f;
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -49,36 +63,107 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// One key tile's online softmax for this thread's two query rows (row0, row0 + 8): raw scores sa -> unnormalised
+// probabilities in place (log2 units; keys after the query masked on the diagonal tile), the running maxima m and
+// partial row sums l updated, and o rescaled to the new maxima.
+__device__ __forceinline__ void softmax_tile(float (&sa)[32], float (&o)[64], float& m_a, float& m_b, float& l_a,
+                                             float& l_b, float scale_log2, bool diag, int row0, int n0, int c4) {
+  float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int hi = e >> 1;
+      const int q = row0 + 8 * hi, key = n0 + 8 * j + 2 * c4 + (e & 1);
+      float x = sa[4 * j + e] * scale_log2;
+      if (diag) x = key <= q ? x : -INFINITY;
+      sa[4 * j + e] = x;
+      if (hi) mx_b = fmaxf(mx_b, x);
+      else mx_a = fmaxf(mx_a, x);
+    }
+  // Every row sees key 0 on the first step, so the running maximum is finite from then on.
+  const float mn_a = fmaxf(m_a, quad_max(mx_a)), mn_b = fmaxf(m_b, quad_max(mx_b));
+  const float corr_a = fast_exp2(m_a - mn_a), corr_b = fast_exp2(m_b - mn_b);
+  m_a = mn_a;
+  m_b = mn_b;
+  float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    sa[4 * j] = fast_exp2(sa[4 * j] - mn_a);
+    sa[4 * j + 1] = fast_exp2(sa[4 * j + 1] - mn_a);
+    sa[4 * j + 2] = fast_exp2(sa[4 * j + 2] - mn_b);
+    sa[4 * j + 3] = fast_exp2(sa[4 * j + 3] - mn_b);
+    sum_a += sa[4 * j] + sa[4 * j + 1];
+    sum_b += sa[4 * j + 2] + sa[4 * j + 3];
+  }
+  l_a = l_a * corr_a + sum_a;
+  l_b = l_b * corr_b + sum_b;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    o[4 * j] *= corr_a;
+    o[4 * j + 1] *= corr_a;
+    o[4 * j + 2] *= corr_b;
+    o[4 * j + 3] *= corr_b;
+  }
+}
+
+// O = o / l as bf16 pairs straight from the accumulators; lse in natural log.
+__device__ __forceinline__ void store_out(const float (&o)[64], float l_a, float l_b, float m_a, float m_b,
+                                          const FwdParams& p, int b, int h, int row0, int c4) {
+  l_a = quad_sum(l_a);
+  l_b = quad_sum(l_b);
+  const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
+  const int64_t q_stride = static_cast<int64_t>(p.H) * kD;
+  const int64_t r0 = (static_cast<int64_t>(b) * p.S + row0) * q_stride + static_cast<int64_t>(h) * kD;
+  const int64_t r1 = r0 + 8 * q_stride;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int col = 8 * j + 2 * c4;
+    *reinterpret_cast<uint32_t*>(p.out + r0 + col) = pack_bf16(o[4 * j] * inv_a, o[4 * j + 1] * inv_a);
+    *reinterpret_cast<uint32_t*>(p.out + r1 + col) = pack_bf16(o[4 * j + 2] * inv_b, o[4 * j + 3] * inv_b);
+  }
+  if (c4 == 0) {
+    const int64_t stat = (static_cast<int64_t>(b) * p.H + h) * p.S + row0;
+    p.lse[stat] = (m_a + log2f(l_a)) * kLn2;
+    p.lse[stat + 8] = (m_b + log2f(l_b)) * kLn2;
+  }
+}
+
+// One thread: the CTA's 128 queries (two 64-row boxes per warpgroup) and the K / V tile of `step` into stage st_i.
+__device__ __forceinline__ void load_q(const TMaps& maps, const sm90k::Ring& m, const sm90k::QueryTile& t, int S) {
+  sm90::mbar_arrive_expect_tx(m.once, 4 * kBox);
+  const uint32_t qb = sm90::smem_u32(m.once);
+  for (int w = 0; w < 2; ++w)
+    for (int c = 0; c < 2; ++c)
+      sm90::tma_load_2d(m.base + (2 * w + c) * kBox, &maps.q, qb, t.h * kD + 64 * c, t.b * S + t.q0 + 64 * w);
+}
+__device__ __forceinline__ void load_kv(const TMaps& maps, const sm90k::Ring& m, const sm90k::QueryTile& t, int S,
+                                        int step, int st_i) {
+  sm90k::load_kv_tile(maps, &m.full[st_i], m.base + kOffStages + st_i * kStageBytes + kStageK, kStageV - kStageK, t,
+                      S, step * kBN);
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     attn_fwd_sm90_kernel(const __grid_constant__ TMaps maps, const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace mxt::sm90;
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = smem_u32(smem_raw);
-  uint8_t* smem_ptr = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
-  const uint32_t smem = smem_u32(smem_ptr);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_ptr + kOffBar);
-  uint64_t* empty = full + kStages;
-  uint64_t* q_full = empty + kStages;
+  const sm90k::Ring m = sm90k::ring_smem(smem_raw, kOffBar, kStages);
+  const uint32_t smem = m.base;
+  uint64_t* full = m.full;
+  uint64_t* empty = m.empty;
 
   const int S = p.S;
   const sm90k::QueryTile t = sm90k::query_tile(p.B, S, p.H, p.KVH);
   const int b = t.b, h = t.h, q0 = t.q0, n_steps = t.n_steps;
   const int tid = threadIdx.x;
 
-  if (tid == 0) sm90k::init_ring(full, empty, kStages, q_full);
+  if (tid == 0) sm90k::init_ring(full, empty, kStages, m.once);
   __syncthreads();
 
-  auto issue = [&](int step, int st_i) {
-    sm90k::load_kv_tile(maps, &full[st_i], smem + kOffStages + st_i * kStageBytes + kStageK, kStageV - kStageK, t, S,
-                        step * kBN);
-  };
+  auto issue = [&](int step, int st_i) { load_kv(maps, m, t, S, step, st_i); };
   if (tid == 0) {
-    mbar_arrive_expect_tx(q_full, 4 * kBox);
-    const uint32_t qb = smem_u32(q_full);
-    for (int w = 0; w < 2; ++w)
-      for (int c = 0; c < 2; ++c)
-        tma_load_2d(smem + (2 * w + c) * kBox, &maps.q, qb, h * kD + 64 * c, b * S + q0 + 64 * w);
+    load_q(maps, m, t, S);
     for (int i = 0; i < kStages && i < n_steps; ++i) issue(i, i);
   }
 
@@ -91,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // l: this thread's part of the row sums
   const uint32_t qa = smem + (2 * w) * kBox;
-  mbar_wait(q_full, 0);
+  mbar_wait(m.once, 0);
 
   int s = 0;
   uint32_t phase = 0;
@@ -115,53 +200,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 32; ++i) fence_operand(sa[i]);
 
-      // Scores in log2 units; keys after the query masked on the tile that crosses the diagonal.
-      const bool diag = n0 + kBN - 1 > w_first;
-      float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int hi = e >> 1;
-          const int q = row0 + 8 * hi, key = n0 + 8 * j + 2 * c4 + (e & 1);
-          float x = sa[4 * j + e] * p.scale_log2;
-          if (diag) x = key <= q ? x : -INFINITY;
-          sa[4 * j + e] = x;
-          if (hi) mx_b = fmaxf(mx_b, x);
-          else mx_a = fmaxf(mx_a, x);
-        }
-      // Every row sees key 0 on the first step, so the running maximum is finite from then on.
-      const float mn_a = fmaxf(m_a, quad_max(mx_a)), mn_b = fmaxf(m_b, quad_max(mx_b));
-      const float corr_a = fast_exp2(m_a - mn_a), corr_b = fast_exp2(m_b - mn_b);
-      m_a = mn_a;
-      m_b = mn_b;
-      float sum_a = 0.f, sum_b = 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        sa[4 * j] = fast_exp2(sa[4 * j] - mn_a);
-        sa[4 * j + 1] = fast_exp2(sa[4 * j + 1] - mn_a);
-        sa[4 * j + 2] = fast_exp2(sa[4 * j + 2] - mn_b);
-        sa[4 * j + 3] = fast_exp2(sa[4 * j + 3] - mn_b);
-        sum_a += sa[4 * j] + sa[4 * j + 1];
-        sum_b += sa[4 * j + 2] + sa[4 * j + 3];
-      }
-      l_a = l_a * corr_a + sum_a;
-      l_b = l_b * corr_b + sum_b;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        o[4 * j] *= corr_a;
-        o[4 * j + 1] *= corr_a;
-        o[4 * j + 2] *= corr_b;
-        o[4 * j + 3] *= corr_b;
-      }
+      softmax_tile(sa, o, m_a, m_b, l_a, l_b, p.scale_log2, n0 + kBN - 1 > w_first, row0, n0, c4);
 
-      // O += P V: k = 16 keys per wgmma.
       uint32_t fp[4][4];
       sm90k::pack_a_frags(sa, fp);
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmma_m64n128k16_rs<1>(o, fp[kk], smem_desc(st + kStageV + kk * 2048, kBox, 1024), 1u);
+      sm90k::mma_regs_k64(o, fp, st + kStageV);
       wgmma_commit();
       wgmma_wait<0>();
     }
@@ -175,24 +219,119 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 64; ++i) fence_operand(o[i]);
 
-  // O = o / l as bf16 pairs straight from the accumulators; lse in natural log.
-  l_a = quad_sum(l_a);
-  l_b = quad_sum(l_b);
-  const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
-  const int64_t q_stride = static_cast<int64_t>(p.H) * kD;
-  const int64_t r0 = (static_cast<int64_t>(b) * S + row0) * q_stride + static_cast<int64_t>(h) * kD;
-  const int64_t r1 = r0 + 8 * q_stride;
+  store_out(o, l_a, l_b, m_a, m_b, p, b, h, row0, c4);
+#else
+  __trap();  // built without sm_90a: the host never launches this
+#endif
+}
+
+// The ping-pong schedule (see the top of the file). Warpgroup 2 produces; warpgroups 0 and 1 consume, each releasing a
+// stage once its P V has run (one step later than the serial kernel).
+__global__ void __launch_bounds__(kPpThreads, 1)
+    attn_fwd_sm90_pp_kernel(const __grid_constant__ TMaps maps, const FwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace mxt::sm90;
+  extern __shared__ uint8_t smem_raw[];
+  const sm90k::Ring m = sm90k::ring_smem(smem_raw, kOffBar, kStages);
+  const int S = p.S;
+  const sm90k::QueryTile t = sm90k::query_tile(p.B, S, p.H, p.KVH);
+  const int n_steps = t.n_steps;
+  const int tid = threadIdx.x;
+
+  if (tid == 0) sm90k::init_ring(m.full, m.empty, kStages, m.once);
+  __syncthreads();
+  if (tid >= 256) {  // the producer warpgroup (one thread works); no block-wide barrier follows
+    setmaxnreg_dec<kProducerRegs>();
+    if (tid == 256) {
+      load_q(maps, m, t, S);
+      sm90k::produce_kv(maps, m, kStages, kOffStages, kStageBytes, t, S);
+    }
+    return;
+  }
+  setmaxnreg_inc<kConsumerRegs>();
+
+  const int w = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  const int g = lane / 4, c4 = lane % 4;
+  const int row0 = t.q0 + 64 * w + 16 * warp + g;  // this thread's queries: row0 and row0 + 8
+  const int w_first = t.q0 + 64 * w, w_last = w_first + 63;
+  float o[64];
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int col = 8 * j + 2 * c4;
-    *reinterpret_cast<uint32_t*>(p.out + r0 + col) = pack_bf16(o[4 * j] * inv_a, o[4 * j + 1] * inv_a);
-    *reinterpret_cast<uint32_t*>(p.out + r1 + col) = pack_bf16(o[4 * j + 2] * inv_b, o[4 * j + 3] * inv_b);
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+  const uint32_t qa = m.base + (2 * w) * kBox;
+  auto release = [&](int stage) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&m.empty[stage]);
+  };
+  mbar_wait(m.once, 0);
+
+  // Turns: warpgroup w waits on barrier kTurnBar + w, then lets the other issue. Each barrier completes once per
+  // step: warpgroup 1 arrives once up front and skips its last arrival, so neither is left pending at exit.
+  if (w == 1) named_barrier_arrive(kTurnBar, 256);
+  // The wgmmas are issued unconditionally inside the loop (ptxas serialises wgmmas on divergent paths): step 0,
+  // which every warpgroup has keys in, is peeled off, and warpgroup 0's last tile, the only one without keys for
+  // it (kBM = 2 kBN), still has its scores computed, then dropped.
+  static_assert(kBM == 2 * kBN, "only warpgroup 0's last key tile may lie past its queries");
+  uint32_t fp[4][4];
+  int pending = 0;  // the stage whose V the packed P (fp) still has to multiply; -1: none
+  {
+    mbar_wait(&m.full[0], 0);
+    float sa[32];
+    named_barrier_sync(kTurnBar + w, 256);
+    wgmma_fence();
+    sm90k::mma_rows_d128(sa, qa, m.base + kOffStages + kStageK);
+    wgmma_commit();
+    if (w == 0 || n_steps > 1) named_barrier_arrive(kTurnBar + 1 - w, 256);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) fence_operand(sa[i]);
+    softmax_tile(sa, o, m_a, m_b, l_a, l_b, p.scale_log2, kBN - 1 > w_first, row0, 0, c4);
+    sm90k::pack_a_frags(sa, fp);
   }
-  if (c4 == 0) {
-    const int64_t stat = (static_cast<int64_t>(b) * p.H + h) * S + row0;
-    p.lse[stat] = (m_a + log2f(l_a)) * kLn2;
-    p.lse[stat + 8] = (m_b + log2f(l_b)) * kLn2;
+  static_assert(kStages > 1, "step 1 uses the next stage");
+  int s = 1;
+  uint32_t phase = 0;
+  for (int step = 1; step < n_steps; ++step) {
+    const int n0 = step * kBN;
+    const bool active = n0 <= w_last;
+    mbar_wait(&m.full[s], phase);
+    const uint32_t st = m.base + kOffStages + s * kStageBytes;
+    float sa[32];
+    named_barrier_sync(kTurnBar + w, 256);
+    wgmma_fence();
+    sm90k::mma_rows_d128(sa, qa, st + kStageK);
+    sm90k::mma_regs_k64(o, fp, m.base + kOffStages + pending * kStageBytes + kStageV);
+    wgmma_commit();
+    if (w == 0 || step + 1 < n_steps) named_barrier_arrive(kTurnBar + 1 - w, 256);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) fence_operand(sa[i]);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_operand(o[i]);
+    release(pending);
+    if (active) {
+      softmax_tile(sa, o, m_a, m_b, l_a, l_b, p.scale_log2, n0 + kBN - 1 > w_first, row0, n0, c4);
+      sm90k::pack_a_frags(sa, fp);
+      pending = s;
+    } else {  // warpgroup 0's last step
+      release(s);
+      pending = -1;
+    }
+    if (++s == kStages) {
+      s = 0;
+      phase ^= 1u;
+    }
   }
+  if (pending >= 0) {
+    wgmma_fence();
+    sm90k::mma_regs_k64(o, fp, m.base + kOffStages + pending * kStageBytes + kStageV);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_operand(o[i]);
+    release(pending);
+  }
+  store_out(o, l_a, l_b, m_a, m_b, p, t.b, t.h, row0, c4);
 #else
   __trap();  // built without sm_90a: the host never launches this
 #endif
@@ -205,9 +344,11 @@ bool try_fwd_sm90(const Geom& G, const FwdParams& p, int device, cudaStream_t st
   const char* env = "MXTRAIN_ATTENTION_FWD";
   const sm90k::Mode mode = sm90k::env_mode(env, op);
   if (mode == sm90k::Mode::Off) return false;
+  const bool pp = sm90k::env_schedule("MXTRAIN_ATTENTION_FWD_SCHED", op);
   static std::atomic<int> cache[64];
-  static std::atomic<bool> smem_set{false};
-  const void* kernel = reinterpret_cast<const void*>(attn_fwd_sm90_kernel);
+  static std::atomic<bool> smem_set{false}, pp_smem_set{false};
+  const void* kernel = pp ? reinterpret_cast<const void*>(attn_fwd_sm90_pp_kernel)
+                          : reinterpret_cast<const void*>(attn_fwd_sm90_kernel);
   sm90k::TMaps maps{};
   std::string why;
   if (G.D != kD) why = "head_dim " + std::to_string(G.D) + " (needs 128)";
@@ -225,9 +366,14 @@ bool try_fwd_sm90(const Geom& G, const FwdParams& p, int device, cudaStream_t st
     return false;
   }
   maps.dout = maps.q;  // unused by the forward
-  if (!smem_set.exchange(true)) set_smem(attn_fwd_sm90_kernel, static_cast<size_t>(kSmem), op);
-  attn_fwd_sm90_kernel<<<grid_1d(static_cast<int64_t>(G.S / kBM) * G.B * G.H, op), kThreads, kSmem, stream>>>(maps,
-                                                                                                              p);
+  const unsigned grid = grid_1d(static_cast<int64_t>(G.S / kBM) * G.B * G.H, op);
+  if (pp) {
+    if (!pp_smem_set.exchange(true)) set_smem(attn_fwd_sm90_pp_kernel, static_cast<size_t>(kSmem), op);
+    attn_fwd_sm90_pp_kernel<<<grid, kPpThreads, kSmem, stream>>>(maps, p);
+  } else {
+    if (!smem_set.exchange(true)) set_smem(attn_fwd_sm90_kernel, static_cast<size_t>(kSmem), op);
+    attn_fwd_sm90_kernel<<<grid, kThreads, kSmem, stream>>>(maps, p);
+  }
   check_launch(op);
   return true;
 }

@@ -38,6 +38,16 @@ inline Mode env_mode(const char* var, const char* op) {
   fail(op, std::string("environment ") + var + "=" + e + ": expected auto, wgmma or mma");
 }
 
+// A wgmma kernel's schedule from environment variable `var`: "serial" (false) or "pingpong" (true, also when
+// unset or empty: measured faster in session 28); anything else is an error naming the variable. Read at every
+// call, so tests can switch.
+inline bool env_schedule(const char* var, const char* op) {
+  const char* e = std::getenv(var);
+  if (!e || !*e || !std::strcmp(e, "pingpong")) return true;
+  if (!std::strcmp(e, "serial")) return false;
+  fail(op, std::string("environment ") + var + "=" + e + ": expected serial or pingpong");
+}
+
 inline bool make_rows_map(CUtensorMap& m, const void* ptr, int64_t rows, int64_t cols) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
@@ -108,6 +118,31 @@ __device__ __forceinline__ void pack_a_frags(const float (&acc)[32], uint32_t (&
     for (int r = 0; r < 4; ++r) f[kk][r] = pack_bf16(acc[8 * kk + 2 * r], acc[8 * kk + 2 * r + 1]);
 }
 
+// acc[64 x 128] += A B over 64 k-rows: A from registers (four k16 fragments, e.g. P or dS), B at shared address b
+// as [64 k][128 n] read N-major (two [64][64] boxes): O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q.
+__device__ __forceinline__ void mma_regs_k64(float (&acc)[64], const uint32_t (&f)[4][4], uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    sm90::wgmma_m64n128k16_rs<1>(acc, f[kk], sm90::smem_desc(b + kk * 2048, kBox, 1024), 1u);
+}
+
+// A kernel's shared memory, aligned up to 1024 bytes: `base`, and at off_bar the ring's full and empty barriers
+// (`stages` each) and one for the tiles loaded once.
+struct Ring {
+  uint32_t base;
+  uint64_t *full, *empty, *once;
+};
+__device__ __forceinline__ Ring ring_smem(uint8_t* raw_ptr, int off_bar, int stages) {
+  const uint32_t raw = sm90::smem_u32(raw_ptr);
+  uint8_t* ptr = raw_ptr + ((1024u - (raw & 1023u)) & 1023u);
+  Ring r;
+  r.base = sm90::smem_u32(ptr);
+  r.full = reinterpret_cast<uint64_t*>(ptr + off_bar);
+  r.empty = r.full + stages;
+  r.once = r.empty + stages;
+  return r;
+}
+
 // The query-tile kernels (forward, dQ): a CTA takes 128 queries of one (batch, head), the last query tiles (most
 // keys) first, and walks the 64-key tiles up to its last query.
 struct QueryTile {
@@ -136,6 +171,18 @@ __device__ __forceinline__ void load_kv_tile(const TMaps& maps, uint64_t* bar, u
   for (int c = 0; c < 2; ++c) {
     sm90::tma_load_2d(st + c * kBox, &maps.k, b32, t.kvh * kD + 64 * c, t.b * S + key0);
     sm90::tma_load_2d(st + v_off + c * kBox, &maps.v, b32, t.kvh * kD + 64 * c, t.b * S + key0);
+  }
+}
+
+// A ping-pong kernel's producer thread: the K and V tiles of every step through the ring (stage i % stages at
+// ring.base + off_stages + stage * stage_bytes, K then V 2 boxes further), each stage refilled once both
+// warpgroups have released it.
+__device__ __forceinline__ void produce_kv(const TMaps& maps, const Ring& ring, int stages, int off_stages,
+                                           int stage_bytes, const QueryTile& t, int S) {
+  for (int i = 0; i < t.n_steps; ++i) {
+    const int st_i = i % stages;
+    if (i >= stages) sm90::mbar_wait(&ring.empty[st_i], static_cast<uint32_t>(i / stages - 1) & 1u);
+    load_kv_tile(maps, &ring.full[st_i], ring.base + off_stages + st_i * stage_bytes, 2 * kBox, t, S, i * 64);
   }
 }
 

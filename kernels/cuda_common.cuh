@@ -10,6 +10,7 @@
 #include <string>
 
 #include "mxtrain/tensor.hpp"
+#include "mxtrain/trace.hpp"
 
 namespace mxt::cuda {
 
@@ -17,8 +18,12 @@ using bf16 = __nv_bfloat16;
 
 [[noreturn]] void fail(const char* op, const std::string& msg);
 void check(cudaError_t err, const char* op, const char* what);
-// After a launch: reports configuration errors at once (asynchronous faults surface at the next sync).
-inline void check_launch(const char* op) { check(cudaGetLastError(), op, "kernel launch"); }
+// After a launch: reports configuration errors at once (asynchronous faults surface at the next sync), and marks
+// the launch for op-level stage timing (MXTRAIN_STAGE_TIMING=ops; a null check otherwise).
+inline void check_launch(const char* op) {
+  check(cudaGetLastError(), op, "kernel launch");
+  stage_mark(op);
+}
 
 // Typed device pointers; fail unless t is a CUDA tensor of that dtype.
 float* f32(const Tensor& t, const char* op, const char* arg);

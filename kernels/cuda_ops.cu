@@ -127,7 +127,7 @@ CudaOps::CudaOps(int device) : ctx_(new CudaContext) {
   ctx_->compute_capability = cuda_compute_capability(device);
   const char* timing = std::getenv("MXTRAIN_STAGE_TIMING");
   if (timing && std::strcmp(timing, "0") != 0 && !stage_clock()) {
-    ctx_->clock = make_cuda_stage_clock(ctx_->stream);
+    ctx_->clock = make_cuda_stage_clock(ctx_->stream, std::strcmp(timing, "ops") == 0);
     install_stage_clock(ctx_->clock.get());
   }
 }

@@ -75,6 +75,8 @@ class CudaOps : public Ops {
                        const Tensor& rstd) override;
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                         const Tensor& dx, const Tensor& dw) override;
+  void rmsnorm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                            const Tensor& dx_acc, const Tensor& dw, const Tensor& tmp) override;
 
   void rope_forward(const Tensor& x, const Tensor& pos, float theta) override;
   void rope_backward(const Tensor& dx, const Tensor& pos, float theta) override;
@@ -96,6 +98,8 @@ class CudaOps : public Ops {
   void moe_plan(const Tensor& topk_idx, int num_experts, const Tensor& offsets, const Tensor& perm) override;
   void moe_permute(const Tensor& x, const Tensor& perm, int k, const Tensor& xp) override;
   void moe_unpermute(const Tensor& yp, const Tensor& perm, int k, const Tensor& out) override;
+  void moe_unpermute_add(const Tensor& yp, const Tensor& perm, int k, const Tensor& res, const Tensor& out,
+                         const Tensor& tmp) override;
   void moe_permute_weights(const Tensor& w, const Tensor& perm, const Tensor& wp) override;
   void moe_unpermute_weights(const Tensor& dwp, const Tensor& perm, const Tensor& dw) override;
 

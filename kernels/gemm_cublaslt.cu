@@ -315,6 +315,7 @@ void CudaOps::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
       cublasLtMatmul(c.lt, plan.op, &alpha, B.data, plan.a, A.data, plan.b, &beta, C.data, plan.c, C.data, plan.c,
                      &plan.algo, c.workspace, c.workspace_bytes, c.stream);
   check_lt(st, "cublasLtMatmul", key);
+  stage_mark("cublasLt gemm");
 }
 
 }  // namespace mxt

@@ -32,11 +32,14 @@
 // Clusters of 2 (kCl = 2, optional). Forward / dgrad: the two CTAs of a cluster take adjacent m-tiles of one
 // expert with the same n-tile, so they share the weight tile B; each loads one half of it and multicasts it to
 // both (32 KiB instead of 48 KiB from L2 per k-block and CTA at BN = 256, as cuBLASLt's 2x1 clusters do). An
-// expert with an odd number of m-tiles leaves the second CTA of its last pair without rows: it still loads and
-// multiplies (its peer needs its half of B) but stores nothing. Wgrad: the CTAs take adjacent n-tiles of one
-// output tile row and share the A tile (dy's columns) the same way. A stage is then written by both CTAs' TMA, so
-// its empty barrier counts the consumer warps of both CTAs (remote arrivals), and the CTAs sync as a cluster
-// after initialising the barriers and before exiting.
+// expert with an odd number of m-tiles pairs its last m-tile over n-tiles instead: the two CTAs take the same
+// rows and adjacent n-tiles, each loading its own B tile (one such unit after each pair of n-tiles' m-tile pairs,
+// so B stays in L2; sm90_row_units.hpp). Padding each expert to 256 rows instead cost an eighth of the slots at
+// ~1,024 rows per expert (8x7B, 8x1B). With an odd number of n-tiles the second CTA of the last pair is left
+// without rows: it still loads and multiplies (its peer needs its half of B) but stores nothing. Wgrad: the CTAs
+// take adjacent n-tiles of one output tile row and share the A tile (dy's columns) the same way. A stage is then
+// written by both CTAs' TMA, so its empty barrier counts the consumer warps of both CTAs (remote arrivals), and
+// the CTAs sync as a cluster after initialising the barriers and before exiting.
 //
 // Expert boundaries: forward / dgrad load 128 rows from the tile's first row even past the expert's end (they
 // belong to the next expert, or are zero-filled past R); each output row depends only on its own input row,
@@ -65,6 +68,7 @@
 #include "sm90_grouped_gemm.cuh"
 #include "sm90_host.cuh"
 #include "sm90_ptx.cuh"
+#include "sm90_row_units.hpp"
 #include "sm90_sched.cuh"
 #include "sm90_wgmma.cuh"
 
@@ -137,6 +141,7 @@ struct Params {
   int32_t prefetch; // wgrad: prefetch each dW tile into L2 (one tensor prefetch, SetMaps::pf) before adding to it
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing,
                     // 3 = no epilogue (timing only)
+  int32_t odd_tail;   // fwd / dgrad, CTA pairs: an odd last m-tile over two n-tiles (MXTRAIN_GG_ODD_TAIL=pair)
   int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC); wgrad: the
                       // tile leaves through TMA reduce-adds / stores, else red.global / st.global from registers
   void* out;        // y / dx (bf16, [R, N]) or dW (f32, [E, M, N]); forward + SwiGLU: h13 (bf16, [R, 2N])
@@ -213,15 +218,18 @@ struct Item {
   int32_t m0;            // wgrad: first dW row
   int32_t n0;            // first output column
   int32_t nk;            // k-blocks (wgrad: over all row sets)
+  bool shared_b;         // fwd / dgrad, clusters: B is the pair's shared tile (multicast halves), else its own
 };
 
-// kCl CTAs (cluster ranks) share a unit: wgrad: rank r takes n-tile unit * kCl + r; forward / dgrad: m-tile
-// unit * kCl + r of the unit's n-tile.
+// kCl CTAs (cluster ranks) share a unit: wgrad: rank r takes n-tile unit * kCl + r; forward / dgrad: row_unit
+// (sm90_row_units.hpp).
 template <Mode kMode, int BN, int kCl>
 __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int item, int& e, int rank) {
   while (item >= sc.cum[e + 1]) ++e;  // items of one CTA increase, so the expert only moves forward
+  static_assert(kCl == 1 || kCl == 2, "units pair CTAs at most");
   Item it;
   it.e = e;
+  it.shared_b = kCl > 1;
   const int local = item - sc.cum[e];
   if constexpr (kMode == Mode::kWgrad) {
     const int mt = p.m_fast ? local % p.m_tiles : local / p.n_units;
@@ -231,11 +239,12 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
     it.row0 = sc.lo[e];
     it.row_hi = sc.hi[e];
     it.nk = sc.mtiles[e];
-  } else {  // a unit is kCl adjacent m-tiles (rank r takes the r-th) of one n-tile
-    const int groups = (sc.mtiles[e] + kCl - 1) / kCl;
-    it.row0 = sc.lo[e] + ((local % groups) * kCl + rank) * BM;
+  } else {
+    const RowUnit u = row_unit(local, sc.mtiles[e], p.n_units, kCl, p.odd_tail != 0, rank);
+    it.row0 = sc.lo[e] + u.m_tile * BM;
     it.row_hi = sc.hi[e];
-    it.n0 = (local / groups) * kItemCols<kMode, BN>;
+    it.n0 = u.n_tile * kItemCols<kMode, BN>;
+    it.shared_b = u.shared_b;
     it.m0 = 0;
     it.nk = (p.K + BK - 1) / BK;
   }
@@ -272,9 +281,13 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
         tma_load_2d(a, mA, bar, k0, it.row0);  // x rows [row0, row0 + 128), k [k0, +64)
         if constexpr (kCl == 1) {
           tma_load_3d(b, mB, bar, k0, it.n0, it.e);  // W[e] rows [n0, n0 + BN), k [k0, k0 + 64)
-        } else {  // this CTA's BN/2 rows of the shared W tile, to the same offset in both CTAs
+        } else if (it.shared_b) {  // this CTA's BN/2 rows of the shared W tile, to the same offset in both CTAs
           constexpr int kHalf = BN / 2;
           tma_load_3d_multicast(b + rank * kHalf * BK * 2, mB, bar, k0, it.n0 + rank * kHalf, it.e, 0x3);
+        } else {  // its own tile, in the two BN/2-row boxes of the cluster map
+          constexpr int kHalf = BN / 2;
+          tma_load_3d(b, mB, bar, k0, it.n0, it.e);
+          tma_load_3d(b + kHalf * BK * 2, mB, bar, k0, it.n0 + kHalf, it.e);
         }
       } else if constexpr (kMode == Mode::kFwdSwiglu) {
         // Gate rows [n0, n0 + BN/2) then up rows [f + n0, ...) (f = p.N): the two halves of one BN-row tile,
@@ -285,7 +298,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
         tma_load_3d(b + (BN / 2) * BK * 2, mB, bar, k0, p.N + it.n0, it.e);
       } else if constexpr (kMode == Mode::kDgrad || kMode == Mode::kDgradSwiglu) {
         tma_load_2d(a, mA, bar, k0, it.row0);  // dy rows [row0, row0 + 128), k [k0, +64)
-        if constexpr (kCl == 1) {
+        if (kCl == 1 || !it.shared_b) {
 #pragma unroll
           for (int c = 0; c < BN / 64; ++c)  // W[e] k-rows [k0, k0 + 64), columns n0 + 64c ...
             tma_load_3d(b + c * kChunk, mB, bar, it.n0 + 64 * c, k0, it.e);
@@ -697,7 +710,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       const int32_t mt = (hi - lo + BM - 1) / BM;
       sc.mtiles[e] = mt;
-      sc.cum[e + 1] = (mt + kCl - 1) / kCl * p.n_units;
+      sc.cum[e + 1] = row_units_of_expert(mt, p.n_units, kCl, p.odd_tail != 0);
     }
   }
   if (tid == 0) {
@@ -810,6 +823,13 @@ bool store_epilogue() {
   if (o != 0) return o == 1;
   static const bool v = env_choice("MXTRAIN_GG_STORE", {"tma", "direct"}) == 0;
   return v;
+}
+
+// CTA pairs, forward / dgrad: an expert's odd last m-tile runs over two n-tiles (default; env
+// MXTRAIN_GG_ODD_TAIL=pair) or as a pair whose second CTA has no rows (pad: the kernel before session 27).
+int odd_tail_pairs() {
+  static const int v = env_choice("MXTRAIN_GG_ODD_TAIL", {"pair", "pad"});
+  return v == 0 ? 1 : 0;
 }
 
 // Whether the wgrad pulls each dW tile into L2 before adding to it (env MXTRAIN_GG_WGRAD_PREFETCH=tensor|off).
@@ -925,6 +945,7 @@ void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CU
   const int64_t n = std::max<int64_t>(1, slots.load() * ctx.gemm_sms() / ctx.num_sms);
   cfg.gridDim = dim3(static_cast<unsigned>(kCl * (max_units < 1 ? 1 : (max_units < n ? max_units : n))));
   cuda::check(cudaLaunchKernelEx(&cfg, kernel, a, b, c, sets, p), op, "kernel launch");
+  stage_mark(op);
 }
 
 template <Mode kMode>
@@ -986,6 +1007,7 @@ Params row_params(const int32_t* off, int64_t E, int64_t R, int64_t N, int64_t K
   p.n_units = static_cast<int32_t>(n_units);
   p.out = out;
   p.fault = fault_injection();
+  p.odd_tail = odd_tail_pairs();
   return p;
 }
 

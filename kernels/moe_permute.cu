@@ -143,9 +143,11 @@ __global__ void invert_perm_kernel(const int32_t* __restrict__ perm, int64_t n, 
 }
 
 // out[t,:] = sum_j yp[inv[t*k + j],:], in fp32 in j order, rounded once (missing rows contribute nothing).
-template <bool kVec>
+// kAdd: out[t,:] = res[t,:] + that rounded sum, rounded (moe_unpermute then add; out may alias res: each element
+// is read and written by the same thread).
+template <bool kVec, bool kAdd>
 __global__ void unpermute_rows_kernel(const cuda::bf16* __restrict__ yp, const int32_t* __restrict__ inv,
-                                      int64_t T, int k, int64_t d, cuda::bf16* __restrict__ out) {
+                                      int64_t T, int k, int64_t d, const cuda::bf16* res, cuda::bf16* out) {
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     const int32_t* rows = inv + t * k;
     cuda::bf16* dst = out + t * d;
@@ -164,11 +166,17 @@ __global__ void unpermute_rows_kernel(const cuda::bf16* __restrict__ yp, const i
             acc[2 * q + 1] += f.y;
           }
         }
-        uint4 res;
-        __nv_bfloat162* r2 = reinterpret_cast<__nv_bfloat162*>(&res);
+        if (kAdd) {
+          float rv[8];
+          cuda::load8(res + t * d + 8 * c, rv);
+#pragma unroll
+          for (int q = 0; q < 8; ++q) acc[q] = __fadd_rn(rv[q], __bfloat162float(__float2bfloat16(acc[q])));
+        }
+        uint4 packed;
+        __nv_bfloat162* r2 = reinterpret_cast<__nv_bfloat162*>(&packed);
 #pragma unroll
         for (int q = 0; q < 4; ++q) r2[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-        reinterpret_cast<uint4*>(dst)[c] = res;
+        reinterpret_cast<uint4*>(dst)[c] = packed;
       }
     } else {
       for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
@@ -177,6 +185,7 @@ __global__ void unpermute_rows_kernel(const cuda::bf16* __restrict__ yp, const i
           const int32_t p = rows[j];
           if (p >= 0) acc += __bfloat162float(yp[static_cast<int64_t>(p) * d + c]);
         }
+        if (kAdd) acc = __fadd_rn(__bfloat162float(res[t * d + c]), __bfloat162float(__float2bfloat16(acc)));
         dst[c] = __float2bfloat16(acc);
       }
     }
@@ -246,8 +255,11 @@ void CudaOps::moe_permute(const Tensor& x, const Tensor& perm, int k, const Tens
   cuda::check_launch(op);
 }
 
-void CudaOps::moe_unpermute(const Tensor& yp, const Tensor& perm, int k, const Tensor& out) {
-  const char* op = "moe_unpermute";
+namespace {
+
+// moe_unpermute, and with res the fused residual add (moe_unpermute_add).
+void unpermute_launch(const char* op, const Tensor& yp, const Tensor& perm, int k, const Tensor* res,
+                      const Tensor& out, CudaContext& ctx) {
   const int64_t T = out.ndim ? out.shape[0] : 0, n = perm.numel();
   if (k < 1 || T * k != n) cuda::fail(op, "perm has " + std::to_string(n) + " entries, out " + out.shape_str());
   const int64_t d = T ? out.numel() / T : 0;
@@ -255,17 +267,40 @@ void CudaOps::moe_unpermute(const Tensor& yp, const Tensor& perm, int k, const T
   const cuda::bf16* ys = cuda::bf16p(yp, op, "yp");
   const int32_t* pm = cuda::i32(perm, op, "perm");
   cuda::bf16* o = cuda::bf16p(out, op, "out");
-  if (n == 0 || d == 0) return;
-  cudaStream_t st = ctx().stream;
-  int32_t* inv = static_cast<int32_t*>(ctx().scratch("moe_unpermute.inv", static_cast<size_t>(n) * sizeof(int32_t)));
+  const cuda::bf16* rs = nullptr;
+  if (res) {
+    expect_rows(*res, T, d, op, "res");
+    rs = cuda::bf16p(*res, op, "res");
+  }
+  if (n == 0 || d == 0) return;  // n = T * k: no rows at all
+  cudaStream_t st = ctx.stream;
+  int32_t* inv = static_cast<int32_t*>(ctx.scratch("moe_unpermute.inv", static_cast<size_t>(n) * sizeof(int32_t)));
   cuda::check(cudaMemsetAsync(inv, 0xff, static_cast<size_t>(n) * sizeof(int32_t), st), op, "memset");
   invert_perm_kernel<<<cuda::blocks_for(n, 256), 256, 0, st>>>(pm, n, inv);
   cuda::check_launch(op);
-  if (vec8_ok(d, ys, o))
-    unpermute_rows_kernel<true><<<row_blocks(T), kRowThreads, 0, st>>>(ys, inv, T, k, d, o);
+  const bool vec = vec8_ok(d, ys, o) && (!rs || cuda::aligned16(rs));
+  if (vec && rs)
+    unpermute_rows_kernel<true, true><<<row_blocks(T), kRowThreads, 0, st>>>(ys, inv, T, k, d, rs, o);
+  else if (vec)
+    unpermute_rows_kernel<true, false><<<row_blocks(T), kRowThreads, 0, st>>>(ys, inv, T, k, d, nullptr, o);
+  else if (rs)
+    unpermute_rows_kernel<false, true><<<row_blocks(T), kRowThreads, 0, st>>>(ys, inv, T, k, d, rs, o);
   else
-    unpermute_rows_kernel<false><<<row_blocks(T), kRowThreads, 0, st>>>(ys, inv, T, k, d, o);
+    unpermute_rows_kernel<false, false><<<row_blocks(T), kRowThreads, 0, st>>>(ys, inv, T, k, d, nullptr, o);
   cuda::check_launch(op);
+}
+
+}  // namespace
+
+void CudaOps::moe_unpermute(const Tensor& yp, const Tensor& perm, int k, const Tensor& out) {
+  unpermute_launch("moe_unpermute", yp, perm, k, nullptr, out, ctx());
+}
+
+// One pass instead of moe_unpermute into tmp and an add (the same bits).
+void CudaOps::moe_unpermute_add(const Tensor& yp, const Tensor& perm, int k, const Tensor& res, const Tensor& out,
+                                const Tensor& tmp) {
+  if (out.dtype != DType::BF16) return Ops::moe_unpermute_add(yp, perm, k, res, out, tmp);
+  unpermute_launch("moe_unpermute_add", yp, perm, k, &res, out, ctx());
 }
 
 void CudaOps::moe_permute_weights(const Tensor& w, const Tensor& perm, const Tensor& wp) {

@@ -47,6 +47,9 @@ __global__ void rmsnorm_forward_kernel(const bf16* __restrict__ x, const bf16* _
 }
 
 // Dynamic shared memory: d floats (this block's dw partial). Block b handles rows b, b + gridDim.x, ...
+// kAdd: dx holds the residual path's gradient, and gets dx + bf16(the norm's dx) (the same thread reads each
+// element before writing it).
+template <bool kAdd>
 __global__ void rmsnorm_backward_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
                                         const bf16* __restrict__ w, const float* __restrict__ rstd,
                                         bf16* __restrict__ dx, float* __restrict__ dw_partials, int64_t T,
@@ -68,7 +71,9 @@ __global__ void rmsnorm_backward_kernel(const bf16* __restrict__ dy, const bf16*
     bf16* dxr = dx + t * d;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
       const float xv = __bfloat162float(xr[j]), gv = __bfloat162float(gr[j]);
-      dxr[j] = __float2bfloat16(r * __bfloat162float(w[j]) * gv - c * xv);
+      const float v = r * __bfloat162float(w[j]) * gv - c * xv;
+      dxr[j] = kAdd ? __float2bfloat16(__fadd_rn(__bfloat162float(dxr[j]), __bfloat162float(__float2bfloat16(v))))
+                    : __float2bfloat16(v);
     }
   }
   float* out = dw_partials + static_cast<int64_t>(blockIdx.x) * d;
@@ -103,6 +108,7 @@ __global__ void rmsnorm_forward_vec_kernel(const bf16* __restrict__ x, const bf1
   }
 }
 
+template <bool kAdd>
 __global__ void rmsnorm_backward_vec_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
                                             const bf16* __restrict__ w, const float* __restrict__ rstd,
                                             bf16* __restrict__ dx, float* __restrict__ dw_partials, int64_t T,
@@ -136,6 +142,12 @@ __global__ void rmsnorm_backward_vec_kernel(const bf16* __restrict__ dy, const b
       cuda::load8(w + j, wv);
 #pragma unroll
       for (int k = 0; k < 8; ++k) o[k] = r * wv[k] * gv[k] - c * xv[k];
+      if (kAdd) {
+        float res[8];
+        cuda::load8(dx + t * d + j, res);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) o[k] = __fadd_rn(res[k], __bfloat162float(__float2bfloat16(o[k])));
+      }
       cuda::store8(dx + t * d + j, o);
     }
   }
@@ -144,14 +156,24 @@ __global__ void rmsnorm_backward_vec_kernel(const bf16* __restrict__ dy, const b
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) out[j] = dw_acc[j];
 }
 
-// dw[j] += sum over b of partials[b, j], summed in fp64 in order of b.
+// dw[j] += sum over b of partials[b, j] in fp64: kReduceLanes lanes per column each add every kReduceLanes-th
+// partial in order of b, then lane 0 adds the lanes' sums in lane order (a fixed order: the same bits every run).
+// One thread per column summing all 512 partials ran on only d / 256 blocks, bound by load latency.
+constexpr int kReduceCols = 32, kReduceLanes = kThreads / kReduceCols;
 __global__ void rmsnorm_dw_reduce_kernel(const float* __restrict__ partials, int nparts, float* __restrict__ dw,
                                          int64_t d) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= d) return;
+  __shared__ double lane_sum[kReduceLanes][kReduceCols];
+  const int c = static_cast<int>(threadIdx.x) % kReduceCols, lane = static_cast<int>(threadIdx.x) / kReduceCols;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kReduceCols + c;
   double s = 0.0;
-  for (int b = 0; b < nparts; ++b) s += partials[static_cast<int64_t>(b) * d + j];
-  dw[j] = static_cast<float>(static_cast<double>(dw[j]) + s);
+  if (j < d)
+    for (int b = lane; b < nparts; b += kReduceLanes) s += partials[static_cast<int64_t>(b) * d + j];
+  lane_sum[lane][c] = s;
+  __syncthreads();
+  if (lane != 0 || j >= d) return;
+  double total = 0.0;
+  for (int q = 0; q < kReduceLanes; ++q) total += lane_sum[q][c];
+  dw[j] = static_cast<float>(static_cast<double>(dw[j]) + total);
 }
 
 using cuda::expect_rows;
@@ -179,9 +201,10 @@ void CudaOps::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const
   cuda::check_launch(op);
 }
 
-void CudaOps::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                               const Tensor& dx, const Tensor& dw) {
-  const char* op = "rmsnorm_backward";
+namespace {
+
+void rmsnorm_backward_launch(const char* op, bool add, const Tensor& dy, const Tensor& x, const Tensor& w,
+                             const Tensor& rstd, const Tensor& dx, const Tensor& dw, CudaContext& ctx) {
   const int64_t d = w.numel(), T = x.ndim ? x.shape[0] : 0;
   const bf16* gp = cuda::bf16p(dy, op, "dy");
   const bf16* xp = cuda::bf16p(x, op, "x");
@@ -198,26 +221,42 @@ void CudaOps::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& 
 
   const size_t smem = sizeof(float) * static_cast<size_t>(d);
   int max_optin = 0;
-  cuda::check(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx_->device), op,
+  cuda::check(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device), op,
               "shared memory limit");
   // block_sum's 32 floats of static shared memory come on top of the dynamic part.
   if (smem + 32 * sizeof(float) > static_cast<size_t>(max_optin))
     cuda::fail(op, "hidden size " + std::to_string(d) + " too large for the shared-memory dw partial");
   const bool vec = d % 8 == 0 && cuda::aligned16(gp) && cuda::aligned16(xp) && cuda::aligned16(wp) &&
                    cuda::aligned16(dxp);
-  const auto kernel = vec ? rmsnorm_backward_vec_kernel : rmsnorm_backward_kernel;
+  const auto kernel = vec ? (add ? rmsnorm_backward_vec_kernel<true> : rmsnorm_backward_vec_kernel<false>)
+                          : (add ? rmsnorm_backward_kernel<true> : rmsnorm_backward_kernel<false>);
   if (smem > 48 * 1024)
     cuda::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                 op, "cudaFuncSetAttribute");
 
   const int nblocks = static_cast<int>(T < kMaxBwdBlocks ? T : kMaxBwdBlocks);
   auto* partials = static_cast<float*>(
-      ctx_->scratch("rmsnorm_backward", sizeof(float) * static_cast<size_t>(nblocks) * static_cast<size_t>(d)));
-  kernel<<<nblocks, kThreads, smem, ctx_->stream>>>(gp, xp, wp, rp, dxp, partials, T, d);
+      ctx.scratch("rmsnorm_backward", sizeof(float) * static_cast<size_t>(nblocks) * static_cast<size_t>(d)));
+  kernel<<<nblocks, kThreads, smem, ctx.stream>>>(gp, xp, wp, rp, dxp, partials, T, d);
   cuda::check_launch(op);
-  rmsnorm_dw_reduce_kernel<<<cuda::blocks_for(d, kThreads), kThreads, 0, ctx_->stream>>>(partials, nblocks, dwp,
-                                                                                         d);
+  rmsnorm_dw_reduce_kernel<<<cuda::blocks_for(d, kReduceCols), kThreads, 0, ctx.stream>>>(partials, nblocks, dwp,
+                                                                                          d);
   cuda::check_launch(op);
+}
+
+}  // namespace
+
+void CudaOps::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                               const Tensor& dx, const Tensor& dw) {
+  rmsnorm_backward_launch("rmsnorm_backward", false, dy, x, w, rstd, dx, dw, ctx());
+}
+
+// One pass instead of rmsnorm_backward into tmp and an add: the norm's dx is rounded to bf16 and added to dx_acc
+// in the same kernel (the same bits as the two ops).
+void CudaOps::rmsnorm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                   const Tensor& dx_acc, const Tensor& dw, const Tensor& tmp) {
+  if (dx_acc.dtype != DType::BF16) return Ops::rmsnorm_backward_add(dy, x, w, rstd, dx_acc, dw, tmp);
+  rmsnorm_backward_launch("rmsnorm_backward_add", true, dy, x, w, rstd, dx_acc, dw, ctx());
 }
 
 }  // namespace mxt

@@ -66,28 +66,42 @@ __global__ void rope_kernel(bf16* __restrict__ x, const int32_t* __restrict__ po
   }
 }
 
-// The same with 16-byte accesses: 8 consecutive pairs per thread (half % 8 == 0, x 16-byte aligned).
+// The same arithmetic with 16-byte accesses (half % 8 == 0, x 16-byte aligned), one thread per (token, group of 8
+// pairs, chunk of kChunk heads): its 8 angles' cos / sin once, then the chunk's heads. One block per token left
+// most threads idle and synchronised twice per token at the model shapes (28 us for q + k at 8x1B, about twice
+// their bytes' time; docs/perf.md, session 26). Consecutive threads take consecutive groups, so a warp's accesses
+// are whole 128-byte runs of a head.
+constexpr int kChunk = 4;
+
 __global__ void rope_vec_kernel(bf16* __restrict__ x, const int32_t* __restrict__ pos, const InvFreq inv_freq,
                                 float sign, int64_t T, int64_t H, int half) {
-  __shared__ float cs[kMaxHalf], sn[kMaxHalf];
-  const int64_t D = 2 * static_cast<int64_t>(half);
-  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-    token_cos_sin(cs, sn, pos[t], inv_freq, sign, half);
-    bf16* xt = x + t * H * D;
-    const int groups = half / 8;
-    const int64_t n = H * groups;
-    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
-      const int64_t h = k / groups;
-      const int i0 = static_cast<int>(k - h * groups) * 8;
-      bf16* r = xt + h * D;
+  const int groups = half / 8;
+  const int64_t chunks = (H + kChunk - 1) / kChunk, D = 2 * static_cast<int64_t>(half);
+  const int64_t n = T * chunks * groups;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += stride) {
+    const int i0 = static_cast<int>(k % groups) * 8;
+    const int64_t rest = k / groups, t = rest / chunks, h0 = (rest % chunks) * kChunk;
+    const float p = static_cast<float>(pos[t]);
+    float cs[8], sn[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float s, c;
+      sincosf(__fmul_rn(p, inv_freq.v[i0 + j]), &s, &c);
+      cs[j] = round_bf16(c);
+      sn[j] = sign * round_bf16(s);
+    }
+#pragma unroll
+    for (int q = 0; q < kChunk; ++q) {
+      if (h0 + q >= H) break;
+      bf16* r = x + (t * H + h0 + q) * D;
       float x1[8], x2[8], o1[8], o2[8];
       cuda::load8(r + i0, x1);
       cuda::load8(r + i0 + half, x2);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float c = cs[i0 + j], s = sn[i0 + j];
-        o1[j] = __fsub_rn(round_bf16(__fmul_rn(x1[j], c)), round_bf16(__fmul_rn(x2[j], s)));
-        o2[j] = __fadd_rn(round_bf16(__fmul_rn(x2[j], c)), round_bf16(__fmul_rn(x1[j], s)));
+        o1[j] = __fsub_rn(round_bf16(__fmul_rn(x1[j], cs[j])), round_bf16(__fmul_rn(x2[j], sn[j])));
+        o2[j] = __fadd_rn(round_bf16(__fmul_rn(x2[j], cs[j])), round_bf16(__fmul_rn(x1[j], sn[j])));
       }
       cuda::store8(r + i0, o1);
       cuda::store8(r + i0 + half, o2);
@@ -109,11 +123,13 @@ void rope_apply(CudaContext& ctx, const Tensor& x, const Tensor& pos, float thet
   InvFreq inv{};
   for (int i = 0; i < half; ++i)
     inv.v[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(D));
-  const unsigned grid = static_cast<unsigned>(T < 65535 * 16 ? T : 65535 * 16);
-  if (half % 8 == 0 && cuda::aligned16(xp))
-    rope_vec_kernel<<<grid, kThreads, 0, ctx.stream>>>(xp, pp, inv, sign, T, H, half);
-  else
+  if (half % 8 == 0 && cuda::aligned16(xp)) {
+    const int64_t threads = T * ((H + kChunk - 1) / kChunk) * (half / 8);
+    rope_vec_kernel<<<cuda::blocks_for(threads, kThreads), kThreads, 0, ctx.stream>>>(xp, pp, inv, sign, T, H, half);
+  } else {
+    const unsigned grid = static_cast<unsigned>(T < 65535 * 16 ? T : 65535 * 16);
     rope_kernel<<<grid, kThreads, 0, ctx.stream>>>(xp, pp, inv, sign, T, H, half);
+  }
   cuda::check_launch(op);
 }
 

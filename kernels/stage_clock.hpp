@@ -6,5 +6,6 @@
 #include "mxtrain/trace.hpp"
 
 namespace mxt {
-std::unique_ptr<StageClock> make_cuda_stage_clock(cudaStream_t stream);
+// ops: also time each launch the CUDA ops mark (MXTRAIN_STAGE_TIMING=ops).
+std::unique_ptr<StageClock> make_cuda_stage_clock(cudaStream_t stream, bool ops = false);
 }

@@ -35,6 +35,10 @@
 #   stages    bench_8x1B and bench_8x7B_2layer (4 steps, eager) with MXTRAIN_STAGE_TIMING=1: GPU time per stage and
 #             sub-stage (projections, RoPE, attention core, router, permutes, expert wgrad) per optimizer step
 #             (a whole-run ncu profile of these shapes does not finish in a device call's 10 minutes; session 26)
+#   ab        trainer A/B: AB_A and AB_B ("DIR [VAR=value ...]"), alternating A B A B on bench_8x1B and
+#             bench_8x7B_2layer (AB_CFGS), 8 steps: tok/s timed as the HF baseline does, losses compared
+#   ops       bench_8x1B and bench_8x7B_2layer (3 steps, eager) with MXTRAIN_STAGE_TIMING=ops: the stage table and
+#             GPU time per kernel launch by (innermost stage, op), the 45 longest printed
 #   speed     issue 4's single-GPU figures in one call: bench_attention (8x1B, 8x7B shapes) beside PyTorch's SDPA,
 #             bench_grouped_gemm beside cuBLASLt, scripts/bench_trainer.py (8x1B, 8x7B 2 layers) beside the HF baseline,
 #             with the GPU's clock and power per run (--sample-gpu)
@@ -92,6 +96,15 @@ if len(names) >= 2:
         d = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a[:n], b[:n]))
         same = all(x["loss"] == y["loss"] for x, y in zip(a[:n], b[:n]))
         print(f"{names[0]} vs {names[1]}: max rel loss diff {d:.3e} over {n} steps, bit-identical {same}")
+PY
+}
+
+# tokens/s over steps 2.. of a metrics file, as hf_baseline.py times it
+tok_per_s() {
+  python3 - "$1" <<'PY' 2>&1 | tail -1
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+print("%.0f tok/s" % ((r[-1]["tokens"] - r[1]["tokens"]) / (r[-1]["elapsed_s"] - r[1]["elapsed_s"])))
 PY
 }
 
@@ -303,6 +316,28 @@ PY
       grep -A40 "stage times" "$OUT/stages_$cfg.log"
     done
     ;;
+  ab)
+    # Two builds or settings, alternating A B A B per shape. AB_A / AB_B: "DIR [VAR=value ...]" (each defaults to
+    # BIN_DIR), e.g. AB_A=devbin/main AB_B="devbin/wip MXTRAIN_GG_ODD_TAIL=pad". tok/s as the HF baseline times it.
+    for cfg in ${AB_CFGS:-bench_8x1B bench_8x7B_2layer}; do
+      for run in A1 B1 A2 B2; do
+        v=AB_${run:0:1}
+        read -r dir envs <<<"${!v:-$BIN_DIR}"
+        env $envs CUDA_VISIBLE_DEVICES=0 timeout 200 "$dir/mxtrain" --config-name $cfg backend=cuda \
+          dataset.source=random num_train_steps=8 output_dir="$OUT/ab_${cfg}_$run" >"$OUT/ab_${cfg}_$run.log" 2>&1
+        add "ab $cfg $run" "rc=$? $(tok_per_s "$OUT/ab_${cfg}_$run/metrics.jsonl")"
+      done
+      metrics A1="$OUT/ab_${cfg}_A1/metrics.jsonl" B1="$OUT/ab_${cfg}_B1/metrics.jsonl" | tail -1
+    done
+    ;;
+  ops)
+    for cfg in bench_8x1B bench_8x7B_2layer; do
+      CUDA_VISIBLE_DEVICES=0 MXTRAIN_STAGE_TIMING=ops timeout 200 "$MX" --config-name $cfg backend=cuda \
+        dataset.source=random num_train_steps=3 output_dir="$OUT/ops_$cfg" >"$OUT/ops_$cfg.log" 2>&1
+      add "op timing $cfg" "rc=$?"
+      grep -A45 "^op times" "$OUT/ops_$cfg.log"
+    done
+    ;;
   speed)
     export CUDA_VISIBLE_DEVICES=0
     for sh in 8x1B 8x7B; do
@@ -318,7 +353,7 @@ PY
       --sample-gpu --out "$OUT/speed_trainer" 8x1B 8x7B-2layer >"$OUT/speed_trainer.log" 2>&1
     add "trainer vs HF (8x1B, 8x7B 2 layers)" "rc=$?"
     unset CUDA_VISIBLE_DEVICES
-    grep -hE "^8x(1|7)B .*(flash-v0 |torch-flash|torch-cudnn)" "$OUT"/speed_attn_*.log
+    grep -hE "^8x(1|7)B .*(flash-v0 |flash-v0 no-pp|torch-flash|torch-cudnn)" "$OUT"/speed_attn_*.log
     grep -h '^|' "$OUT/speed_gg.log" "$OUT/speed_trainer.log"
     ;;
   study)

@@ -29,7 +29,21 @@ struct RecordingClock final : StageClock {
   void end() override { seen.push_back("-"); }
   void reset() override {}
   void log(const std::string&, int) override {}
+  void mark(const char* op) override { seen.push_back(std::string("*") + op); }
 };
+
+TEST(Trace, StageMarkReachesOnlyAnInstalledClock) {
+  RecordingClock clock;
+  stage_mark("not seen");
+  install_stage_clock(&clock);
+  {
+    TraceScope scope("layer 0 attn: norm");
+    stage_mark("rmsnorm_forward");
+  }
+  install_stage_clock(nullptr);
+  stage_mark("not seen either");
+  EXPECT_EQ(clock.seen, (std::vector<std::string>{"+layer 0 attn: norm", "*rmsnorm_forward", "-"}));
+}
 
 TEST(Trace, InstalledClockSeesNestedScopesInOrder) {
   RecordingClock clock;

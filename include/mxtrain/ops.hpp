@@ -115,6 +115,14 @@ class Ops {
   // dx [T,d] (overwrite), dw [d] (accumulate)
   virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                                 const Tensor& dx, const Tensor& dw) = 0;
+  // The backward with the residual path's gradient added: dx_acc = dx_acc + dx (dx rounded first, exactly
+  // rmsnorm_backward into tmp then add(dx_acc, tmp, dx_acc), which is what this default does; a backend may fuse
+  // the two, tmp [T,d] then unused).
+  virtual void rmsnorm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                    const Tensor& dx_acc, const Tensor& dw, const Tensor& tmp) {
+    rmsnorm_backward(dy, x, w, rstd, tmp, dw);
+    add(dx_acc, tmp, dx_acc);
+  }
 
   // ---- RoPE, HF rotate_half convention, in place ---------------------------------------------------
   // x [T, n_heads, head_dim]; pos [T] I32. For i < h = head_dim/2, f_i = theta^(-2i/head_dim), a = pos*f_i:
@@ -158,6 +166,13 @@ class Ops {
   virtual void moe_permute(const Tensor& x, const Tensor& perm, int k, const Tensor& xp) = 0;
   // out[t,:] = sum_{p: perm[p]/k == t} yp[p,:]   (overwrite). Also the backward of moe_permute.
   virtual void moe_unpermute(const Tensor& yp, const Tensor& perm, int k, const Tensor& out) = 0;
+  // out = res + moe_unpermute(yp) (the unpermuted sum rounded first: moe_unpermute into tmp then add(res, tmp,
+  // out), this default; a backend may fuse them, tmp [T,d] then unused). out may alias res.
+  virtual void moe_unpermute_add(const Tensor& yp, const Tensor& perm, int k, const Tensor& res, const Tensor& out,
+                                 const Tensor& tmp) {
+    moe_unpermute(yp, perm, k, tmp);
+    add(res, tmp, out);
+  }
   // wp[p] = w[perm[p]]  (w [T*k] F32 flat)           and its backward dw[perm[p]] = dwp[p] (overwrite).
   virtual void moe_permute_weights(const Tensor& w, const Tensor& perm, const Tensor& wp) = 0;
   virtual void moe_unpermute_weights(const Tensor& dwp, const Tensor& perm, const Tensor& dw) = 0;

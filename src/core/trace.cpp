@@ -15,6 +15,9 @@ StageClock* g_clock = nullptr;  // set once at backend start, used by the traini
 
 void install_stage_clock(StageClock* clock) { g_clock = clock; }
 StageClock* stage_clock() { return g_clock; }
+void stage_mark(const char* op) {
+  if (g_clock) g_clock->mark(op);
+}
 
 std::string stage_kind(const char* name) {
   std::string s(name);

@@ -89,10 +89,9 @@ void MixtralModel::attention_backward(int l) {
     linear_wgrad(ops_, s_.dk, a.ln1, g.wk);
     linear_wgrad(ops_, s_.dv, a.ln1, g.wv);
   }
-  // dtmp is dL/d(ln1); reuse tmp for dL/dx_in through the norm, then add the residual path.
+  // dtmp is dL/d(ln1): through the norm (tmp as scratch) and added to the residual path's dx.
   part.emplace("attn bwd: norm + residual");
-  ops_.rmsnorm_backward(s_.dtmp, a.x_in, w.ln1, a.rstd1, s_.tmp, g.ln1);
-  ops_.add(s_.dx, s_.tmp, s_.dx);
+  ops_.rmsnorm_backward_add(s_.dtmp, a.x_in, w.ln1, a.rstd1, s_.dx, g.ln1, s_.tmp);
 }
 
 }  // namespace mxt

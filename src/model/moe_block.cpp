@@ -74,8 +74,8 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
   // combine
   if (ep) moe_combine(l, ye);
   // unpermute (the routing weights were already applied inside SwiGLU)
-  ops_.moe_unpermute(s_.yp, a.perm, static_cast<int>(k_), s_.tmp);
-  ops_.add(a.x_mid, s_.tmp, l + 1 < static_cast<int>(acts_.size()) ? acts_[l + 1].x_in : x_final_);
+  ops_.moe_unpermute_add(s_.yp, a.perm, static_cast<int>(k_), a.x_mid,
+                         l + 1 < static_cast<int>(acts_.size()) ? acts_[l + 1].x_in : x_final_, s_.tmp);
 }
 
 // bf16 experts' backward on n rows. With expert_wgrad_micro_batches G > 1, every micro-batch of a group but its
@@ -200,9 +200,8 @@ void MixtralModel::moe_backward(int l) {
   linear_dgrad(ops_, s_.dlogits_act, w.gate, s_.dtmp, true);
   linear_wgrad(ops_, s_.dlogits_act, a.moe_in, g.gate);
   if (cfg_.router_jitter_noise > 0) ops_.mul(s_.dtmp, a.noise, s_.dtmp);
-  // dtmp is dL/d(ln2); through the norm into tmp, then the residual path.
-  ops_.rmsnorm_backward(s_.dtmp, a.x_mid, w.ln2, a.rstd2, s_.tmp, g.ln2);
-  ops_.add(s_.dx, s_.tmp, s_.dx);
+  // dtmp is dL/d(ln2): through the norm (tmp as scratch) and added to the residual path's dx.
+  ops_.rmsnorm_backward_add(s_.dtmp, a.x_mid, w.ln2, a.rstd2, s_.dx, g.ln2, s_.tmp);
 }
 
 }  // namespace mxt

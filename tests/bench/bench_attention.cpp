@@ -98,6 +98,8 @@ struct Impl {
   const char* dkv = "auto";       // MXTRAIN_ATTENTION_DKV
   const char* dq = "auto";        // MXTRAIN_ATTENTION_DQ
   const char* fwd = "auto";       // MXTRAIN_ATTENTION_FWD
+  const char* fwd_sched = "pingpong";  // MXTRAIN_ATTENTION_FWD_SCHED
+  const char* dq_sched = "pingpong";   // MXTRAIN_ATTENTION_DQ_SCHED
 };
 
 void set_impl(const Impl& im) {
@@ -107,6 +109,8 @@ void set_impl(const Impl& im) {
   setenv("MXTRAIN_ATTENTION_DKV", im.dkv, 1);
   setenv("MXTRAIN_ATTENTION_DQ", im.dq, 1);
   setenv("MXTRAIN_ATTENTION_FWD", im.fwd, 1);
+  setenv("MXTRAIN_ATTENTION_FWD_SCHED", im.fwd_sched, 1);
+  setenv("MXTRAIN_ATTENTION_DQ_SCHED", im.dq_sched, 1);
 }
 
 // Median and min of `runs` timings (ms) of fn on the op stream, after `warm` untimed calls.
@@ -155,6 +159,7 @@ int run(int argc, char** argv) {
                         {"flash-v0 mma-dq", "flash", "0", false, "1", "auto", "mma"},
                         {"flash-v0 mma", "flash", "0", false, "1", "mma", "mma"},
                         {"flash-v0 mma-fwd", "flash", "0", false, "1", "auto", "auto", "mma"},
+                        {"flash-v0 no-pp", "flash", "0", false, "1", "auto", "auto", "auto", "serial", "serial"},
                         {"flash-v1", "flash", "1", false},
                         {"reference", "reference", "0", false}, {"flash-v0 docs1024", "flash", "0", true}};
   const int64_t B = 1, S = 4096, doc_len = 1024;

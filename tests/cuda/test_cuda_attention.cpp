@@ -328,6 +328,86 @@ TEST(CudaAttention, WgmmaBackwardKernels) {
   run_case({1, 512, 4, 2, 128, 1.f}, 1350);
 }
 
+// The forward's ping-pong schedule (MXTRAIN_ATTENTION_FWD_SCHED=pingpong) against the CPU twin, and bit for bit
+// against the serial wgmma kernel: the same arithmetic in the same order. Seq 128 gives warpgroup 0 a single
+// active step of two; 4096 wraps the stage ring many times.
+TEST(CudaAttention, WgmmaForwardPingPong) {
+  MXT_REQUIRE_SM90();
+  ScopedEnv fwd("MXTRAIN_ATTENTION_FWD", "wgmma");
+  {
+    ScopedEnv sched("MXTRAIN_ATTENTION_FWD_SCHED", "pingpong");
+    run_case({1, 256, 4, 2, 128, 1.f}, 1500);
+    run_case({2, 384, 8, 2, 128, 3.f}, 1510);
+    run_case({1, 128, 4, 1, 128, 1.f}, 1520);
+  }
+  struct Shape { int64_t B, S, H, KVH; };
+  for (const Shape c : {Shape{1, 128, 2, 1}, Shape{2, 640, 4, 2}, Shape{1, 4096, 2, 2}}) {
+    SCOPED_TRACE("B=" + std::to_string(c.B) + " S=" + std::to_string(c.S) + " H=" + std::to_string(c.H));
+    auto gpu = make_cuda_ops();
+    const int64_t T = c.B * c.S, D = 128;
+    const AttnShape s{c.B, c.S, c.H, c.KVH, D, {}};
+    auto q = upload(*gpu, rounded_randn(T * c.H * D, 1530, 1.f), DType::BF16, {T, c.H, D});
+    auto k = upload(*gpu, rounded_randn(T * c.KVH * D, 1531, 1.f), DType::BF16, {T, c.KVH, D});
+    auto v = upload(*gpu, rounded_randn(T * c.KVH * D, 1532, 1.f), DType::BF16, {T, c.KVH, D});
+    std::vector<float> out[2], lse[2];
+    for (int pp = 0; pp < 2; ++pp) {
+      ScopedEnv sched("MXTRAIN_ATTENTION_FWD_SCHED", pp ? "pingpong" : "serial");
+      auto o = upload(*gpu, rounded_randn(T * c.H * D, 1533 + pp, 100.f), DType::BF16, {T, c.H, D});
+      auto l = upload(*gpu, randn(c.B * c.H * c.S, 1535 + pp, 100.f), DType::F32, {c.B, c.H, c.S});
+      gpu->attention_forward(s, q, k, v, o, l);
+      out[pp] = download(*gpu, o);
+      lse[pp] = download(*gpu, l);
+    }
+    EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * 4)) << "out differs";
+    EXPECT_EQ(0, std::memcmp(lse[0].data(), lse[1].data(), lse[0].size() * 4)) << "lse differs";
+  }
+  ScopedEnv bad("MXTRAIN_ATTENTION_FWD_SCHED", "fast");
+  auto gpu = make_cuda_ops();
+  auto q = upload(*gpu, rounded_randn(128 * 128, 1540, 1.f), DType::BF16, {128, 1, 128});
+  DeviceTensor o(*gpu, DType::BF16, {128, 1, 128}), l(*gpu, DType::F32, {1, 1, 128});
+  try {
+    gpu->attention_forward(AttnShape{1, 128, 1, 1, 128, {}}, q, q, q, o, l);
+    FAIL() << "MXTRAIN_ATTENTION_FWD_SCHED=fast accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("MXTRAIN_ATTENTION_FWD_SCHED=fast"), std::string::npos) << e.what();
+  }
+}
+
+// The dQ kernel's ping-pong schedule (MXTRAIN_ATTENTION_DQ_SCHED=pingpong): against the CPU twin, and dQ bit for
+// bit against the serial kernel's.
+TEST(CudaAttention, WgmmaDqPingPong) {
+  MXT_REQUIRE_SM90();
+  ScopedEnv dq_impl("MXTRAIN_ATTENTION_DQ", "wgmma");
+  {
+    ScopedEnv sched("MXTRAIN_ATTENTION_DQ_SCHED", "pingpong");
+    run_case({1, 256, 4, 2, 128, 1.f}, 1600);
+    run_case({2, 384, 8, 2, 128, 3.f}, 1610);
+    run_case({1, 128, 4, 1, 128, 1.f}, 1620);
+  }
+  struct Shape { int64_t B, S, H, KVH; };
+  for (const Shape c : {Shape{1, 128, 2, 1}, Shape{2, 640, 4, 2}, Shape{1, 2048, 2, 2}}) {
+    SCOPED_TRACE("B=" + std::to_string(c.B) + " S=" + std::to_string(c.S) + " H=" + std::to_string(c.H));
+    auto gpu = make_cuda_ops();
+    const int64_t T = c.B * c.S, D = 128;
+    const AttnShape s{c.B, c.S, c.H, c.KVH, D, {}};
+    auto q = upload(*gpu, rounded_randn(T * c.H * D, 1630, 1.f), DType::BF16, {T, c.H, D});
+    auto k = upload(*gpu, rounded_randn(T * c.KVH * D, 1631, 1.f), DType::BF16, {T, c.KVH, D});
+    auto v = upload(*gpu, rounded_randn(T * c.KVH * D, 1632, 1.f), DType::BF16, {T, c.KVH, D});
+    auto dout = upload(*gpu, rounded_randn(T * c.H * D, 1633, 1.f), DType::BF16, {T, c.H, D});
+    DeviceTensor o(*gpu, DType::BF16, {T, c.H, D}), l(*gpu, DType::F32, {c.B, c.H, c.S});
+    DeviceTensor dk(*gpu, DType::BF16, {T, c.KVH, D}), dv(*gpu, DType::BF16, {T, c.KVH, D});
+    gpu->attention_forward(s, q, k, v, o, l);
+    std::vector<float> dq[2];
+    for (int pp = 0; pp < 2; ++pp) {
+      ScopedEnv sched("MXTRAIN_ATTENTION_DQ_SCHED", pp ? "pingpong" : "serial");
+      auto g = upload(*gpu, rounded_randn(T * c.H * D, 1634 + pp, 100.f), DType::BF16, {T, c.H, D});
+      gpu->attention_backward(s, dout, q, k, v, o, l, g, dk, dv);
+      dq[pp] = download(*gpu, g);
+    }
+    EXPECT_EQ(0, std::memcmp(dq[0].data(), dq[1].data(), dq[0].size() * 4)) << "dq differs";
+  }
+}
+
 // Required but not applicable (seq not a multiple of 128): an error naming why, not a silent fallback.
 TEST(CudaAttention, WgmmaRequiredWhereItDoesNotApply) {
   MXT_REQUIRE_GPU();

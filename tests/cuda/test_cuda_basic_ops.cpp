@@ -107,7 +107,7 @@ TEST(CudaBasicOps, AddMulScaleMatchCpu) {
   MXT_REQUIRE_GPU();
   auto gpu = make_cuda_ops();
   auto cpu = make_cpu_ops();
-  for (int64_t n : {1, 255, 70001}) {
+  for (int64_t n : {1, 255, 70001, 4096, 70000}) {  // n % 8 == 0: the 16-byte bf16 kernel
     for (DType dt : {DType::F32, DType::BF16}) {
       auto xa = rounded_randn(n, 21, 2.f), xb = rounded_randn(n, 22, 0.5f);
       std::vector<float> ref_add(n), ref_mul(n), ref_scale(xa);
@@ -141,13 +141,18 @@ TEST(CudaBasicOps, AddMulAliasingAndMixedDtypes) {
   auto xa = rounded_randn(n, 31), xb = rounded_randn(n, 32);
   std::vector<float> ref(n);
   cpu->add(host(xa, {n}), host(xb, {n}), host(ref, {n}));
-  // out aliases a (in-place accumulate, as a residual add does).
-  auto a = upload(*gpu, xa, DType::BF16, {n});
-  auto b = upload(*gpu, xb, DType::BF16, {n});
-  gpu->add(a, b, a);
-  std::vector<float> ref_bf(ref);
-  round_bf16(ref_bf);
-  EXPECT_TRUE(bitwise_equal(download(*gpu, a.t), ref_bf));
+  // out aliases a (in-place accumulate, as a residual add does), then b; n - 1 elements: the 16-byte kernel.
+  for (const int64_t m : {n, n - 1}) {
+    auto a = upload(*gpu, std::vector<float>(xa.begin(), xa.begin() + m), DType::BF16, {m});
+    auto b = upload(*gpu, std::vector<float>(xb.begin(), xb.begin() + m), DType::BF16, {m});
+    std::vector<float> ref_bf(ref.begin(), ref.begin() + m);
+    round_bf16(ref_bf);
+    gpu->add(a, b, a);
+    EXPECT_TRUE(bitwise_equal(download(*gpu, a.t), ref_bf)) << "m=" << m;
+    auto a1 = upload(*gpu, std::vector<float>(xa.begin(), xa.begin() + m), DType::BF16, {m});
+    gpu->add(a1, b, b);
+    EXPECT_TRUE(bitwise_equal(download(*gpu, b.t), ref_bf)) << "m=" << m;
+  }
   // bf16 a + f32 b -> f32 out (no rounding of the result).
   auto a2 = upload(*gpu, xa, DType::BF16, {n});
   auto b2 = upload(*gpu, xb, DType::F32, {n});
@@ -338,6 +343,45 @@ TEST(CudaBasicOps, RmsNormBackwardMatchesCpu) {
   }
 }
 
+// The fused backward + residual add gives the bits of rmsnorm_backward into a scratch and add (the Ops default,
+// which the CPU twin runs), with the vector and the element kernels.
+TEST(CudaBasicOps, RmsNormBackwardAddIsBackwardThenAdd) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  struct Case { int64_t T, d; };
+  for (const Case c : {Case{37, 512}, Case{5, 33}, Case{600, 2048}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.T) + " d=" + std::to_string(c.d));
+    auto x = rounded_randn(c.T * c.d, 91, 1.5f), dy = rounded_randn(c.T * c.d, 92), res = rounded_randn(c.T * c.d, 93);
+    auto w = randn(c.d, 94, 0.2f);
+    for (auto& v : w) v += 1.f;
+    round_bf16(w);
+    std::vector<float> y(c.T * c.d), rstd(c.T);
+    cpu->rmsnorm_forward(host(x, {c.T, c.d}), host(w, {c.d}), 1e-5f, host(y, {c.T, c.d}), host(rstd, {c.T}));
+    const auto dw0 = randn(c.d, 95, 0.5f);
+    std::vector<float> ref_dx(res), ref_dw(dw0), tmp(c.T * c.d);
+    cpu->rmsnorm_backward_add(host(dy, {c.T, c.d}), host(x, {c.T, c.d}), host(w, {c.d}), host(rstd, {c.T}),
+                              host(ref_dx, {c.T, c.d}), host(ref_dw, {c.d}), host(tmp, {c.T, c.d}));
+    auto gdy = upload(*gpu, dy, DType::BF16, {c.T, c.d});
+    auto gx = upload(*gpu, x, DType::BF16, {c.T, c.d});
+    auto gw = upload(*gpu, w, DType::BF16, {c.d});
+    auto gr = upload(*gpu, rstd, DType::F32, {c.T});
+    // the two ops
+    auto two_dx = upload(*gpu, res, DType::BF16, {c.T, c.d}), two_dw = upload(*gpu, dw0, DType::F32, {c.d});
+    DeviceTensor gtmp(*gpu, DType::BF16, {c.T, c.d});
+    gpu->rmsnorm_backward(gdy, gx, gw, gr, gtmp, two_dw);
+    gpu->add(two_dx, gtmp, two_dx);
+    // fused
+    auto one_dx = upload(*gpu, res, DType::BF16, {c.T, c.d}), one_dw = upload(*gpu, dw0, DType::F32, {c.d});
+    DeviceTensor unused(*gpu, DType::BF16, {c.T, c.d});
+    gpu->rmsnorm_backward_add(gdy, gx, gw, gr, one_dx, one_dw, unused);
+    EXPECT_TRUE(bitwise_equal(download(*gpu, one_dx.t), download(*gpu, two_dx.t)));
+    EXPECT_TRUE(bitwise_equal(download(*gpu, one_dw.t), download(*gpu, two_dw.t)));
+    EXPECT_CLOSE_REL(download(*gpu, one_dx.t), ref_dx, 1e-2);
+    EXPECT_CLOSE_REL(download(*gpu, one_dw.t), ref_dw, 1e-5);
+  }
+}
+
 // ---- RoPE ----------------------------------------------------------------------------------------
 
 // HF's bf16 arithmetic on the host: c, s = bf16(cos/sin of the fp32 angle); out = bf16(bf16(x1 c) -/+ bf16(x2 s)).
@@ -367,7 +411,9 @@ TEST(CudaBasicOps, RopeForwardBackwardMatchCpu) {
   auto cpu = make_cpu_ops();
   const float theta = 1e6f;
   struct Case { int64_t T, H, D; };
-  for (const Case c : {Case{1, 1, 64}, Case{300, 3, 64}, Case{257, 8, 128}, Case{5, 2, 2}, Case{9, 3, 24}}) {
+  // 16 heads of 128 (8x1B's q), 5 heads (a partial chunk of the vector kernel's 4), 8 pairs per half (one group)
+  for (const Case c : {Case{1, 1, 64}, Case{300, 3, 64}, Case{257, 8, 128}, Case{5, 2, 2}, Case{9, 3, 24},
+                       Case{130, 16, 128}, Case{33, 5, 128}, Case{70, 6, 16}}) {
     std::mt19937 rng(91 + static_cast<uint32_t>(c.D));
     std::uniform_int_distribution<int32_t> pd(0, 4095);
     std::vector<int32_t> pos(c.T);
@@ -389,6 +435,19 @@ TEST(CudaBasicOps, RopeForwardBackwardMatchCpu) {
         gpu->rope_backward(gx, gpos, theta);
       auto got = download(*gpu, gx.t);
       EXPECT_CLOSE_REL(got, ref, 1e-2);
+      // The same tensor 2 bytes off 16-byte alignment takes the scalar kernel: the same bits.
+      std::vector<float> shifted(x);
+      shifted.insert(shifted.begin(), 0.f);
+      auto gs = upload(*gpu, shifted, DType::BF16, {n + 1});
+      const Tensor off = gs.t.rows(1, n).view({c.T, c.H, c.D});
+      if (sign > 0)
+        gpu->rope_forward(off, gpos, theta);
+      else
+        gpu->rope_backward(off, gpos, theta);
+      const auto got_scalar = download(*gpu, off);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n; ++i) differ += got_scalar[i] != got[i];
+      EXPECT_EQ(differ, 0) << "D=" << c.D << " H=" << c.H << " sign=" << sign;
       auto emu = rope_hf_emulation(x, pos, c.T, c.H, c.D, theta, sign);
       int64_t mismatches = 0, far = 0;
       for (int64_t i = 0; i < n; ++i) {

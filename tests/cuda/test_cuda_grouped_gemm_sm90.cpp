@@ -185,6 +185,17 @@ TEST_P(CudaGroupedGemmSm90, TileEdgeLoadsEmptyExpertsAndPadding) {
   check_both_tiles(*gpu, *cpu, {96, 64, {300}, 5}, GetParam(), 15);                              // a single expert
 }
 
+// Experts with an odd number of m-tiles around the bench shapes' ~1,024 rows: with CTA pairs and an even number of
+// n-tiles their last m-tile runs over two n-tiles (forward 512 wide: 2 or 4 n-tiles; dgrad 256 wide: 1 n-tile at
+// BN = 256, the unpaired path, 2 at BN = 128), including experts of one m-tile only.
+TEST_P(CudaGroupedGemmSm90, OddMTilesOverPairsOfNTiles) {
+  MXT_REQUIRE_SM90();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  check_both_tiles(*gpu, *cpu, {256, 512, {1030, 1000, 129, 127, 1, 0, 385}, 7}, GetParam(), 61);
+  check_both_tiles(*gpu, *cpu, {192, 768, {90, 1}, 0}, GetParam(), 62);  // 3 / 6 n-tiles, every expert one m-tile
+}
+
 // More work items than SMs, 8+ k-blocks per item: the persistent loop and every barrier phase wrap many times.
 TEST_P(CudaGroupedGemmSm90, ManyItemsPersistentLoop) {
   MXT_REQUIRE_SM90();

@@ -281,6 +281,42 @@ TEST(CudaMoe, PermuteUnpermuteRows) {
   }
 }
 
+// The fused unpermute + residual add gives the bits of moe_unpermute into a scratch and add (the Ops default,
+// which the CPU twin runs), with the vector and the element kernels, out apart from res and aliasing it.
+TEST(CudaMoe, UnpermuteAddIsUnpermuteThenAdd) {
+  MXT_REQUIRE_GPU();
+  Backends b;
+  struct Case {
+    int64_t T, d;
+    int k, E;
+  };
+  uint32_t seed = 900;
+  for (const Case c : {Case{37, 64, 2, 8}, Case{50, 37, 2, 4}, Case{16, 4096, 2, 8}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.T) + " d=" + std::to_string(c.d));
+    const int64_t T = c.T, d = c.d, n = T * c.k;
+    const int k = c.k;
+    std::vector<int32_t> idx = skewed_topk(T, c.E, k, c.E - 1, seed++), off(c.E + 1), perm(n);
+    b.cpu->moe_plan(host_i32(idx, {T, k}), c.E, host_i32(off, {c.E + 1}), host_i32(perm, {n}));
+    DeviceTensor pm = upload_i32(*b.gpu, perm, {n});
+    std::vector<float> yp = randn(n * d, seed++), res = randn(T * d, seed++);
+    round_bf16(yp);
+    round_bf16(res);
+    std::vector<float> ref(T * d), tmp(T * d);
+    b.cpu->moe_unpermute_add(host(yp, {n, d}), host_i32(perm, {n}), k, host(res, {T, d}), host(ref, {T, d}),
+                             host(tmp, {T, d}));
+    DeviceTensor gyp = upload(*b.gpu, yp, DType::BF16, {n, d}), gres = upload(*b.gpu, res, DType::BF16, {T, d});
+    DeviceTensor gtmp(*b.gpu, DType::BF16, {T, d}), two(*b.gpu, DType::BF16, {T, d}), one(*b.gpu, DType::BF16, {T, d});
+    b.gpu->moe_unpermute(gyp, pm, k, gtmp);
+    b.gpu->add(gres, gtmp, two);
+    b.gpu->moe_unpermute_add(gyp, pm, k, gres, one, gtmp);
+    const auto want = download(*b.gpu, two);
+    EXPECT_EQ(download(*b.gpu, one), want);
+    EXPECT_CLOSE_REL(want, ref, 1e-2);
+    b.gpu->moe_unpermute_add(gyp, pm, k, gres, gres, gtmp);  // in place on the residual
+    EXPECT_EQ(download(*b.gpu, gres), want);
+  }
+}
+
 TEST(CudaMoe, PermuteWeights) {
   MXT_REQUIRE_GPU();
   Backends b;

@@ -1,0 +1,38 @@
+#pragma once
+// The Hopper grouped GEMM's forward / dgrad work units within one expert, host and device: the kernel decodes its
+// items with these, and a host test checks them (tests/cuda/test_grouped_schedule.cpp).
+#include <cuda_runtime.h>
+
+namespace mxt::sm90 {
+
+// Forward / dgrad work units of one expert with mt m-tiles and n_tiles n-tiles, for clusters of cl CTAs (1 or 2).
+// A unit of a pair is two adjacent m-tiles of one n-tile, sharing the weight tile B. With odd_tail, an expert
+// with an odd number of m-tiles and an even number of n-tiles runs its last m-tile over two adjacent n-tiles
+// instead, each CTA with its own B; per pair of n-tiles the units are the first n-tile's m-tile pairs, the
+// second's, then that last m-tile over both (B stays in L2 between them). Otherwise an odd m-tile count leaves
+// the second CTA of its last pair an m-tile past the expert's (no rows).
+struct RowUnit {
+  int m_tile, n_tile;  // this rank's, relative to the expert (m_tile >= mt: no rows)
+  bool shared_b;       // pairs: B is the pair's shared tile
+};
+
+__host__ __device__ inline bool pairs_odd_tail(int mt, int n_tiles, int cl, bool odd_tail) {
+  return cl == 2 && odd_tail && (mt & 1) && (n_tiles & 1) == 0;
+}
+
+__host__ __device__ inline int row_units_of_expert(int mt, int n_tiles, int cl, bool odd_tail) {
+  return pairs_odd_tail(mt, n_tiles, cl, odd_tail) ? mt * n_tiles / 2 : (mt + cl - 1) / cl * n_tiles;
+}
+
+__host__ __device__ inline RowUnit row_unit(int local, int mt, int n_tiles, int cl, bool odd_tail, int rank) {
+  if (pairs_odd_tail(mt, n_tiles, cl, odd_tail)) {
+    const int full = mt / 2, per = 2 * full + 1;
+    const int np = local / per, r = local % per;
+    if (r < 2 * full) return {(r % full) * 2 + rank, 2 * np + r / full, true};
+    return {mt - 1, 2 * np + rank, false};
+  }
+  const int groups = (mt + cl - 1) / cl;
+  return {(local % groups) * cl + rank, local / groups, cl > 1};
+}
+
+}  // namespace mxt::sm90

@@ -1,0 +1,68 @@
+// The Hopper grouped GEMMs' forward / dgrad work units (sm90_row_units.hpp), checked on the host: every (m-tile,
+// n-tile) of an expert exactly once, the pair layouts the producer's loads assume, and no CTA without rows where
+// an odd last m-tile can run over two n-tiles. No GPU needed.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <utility>
+
+#include "sm90_row_units.hpp"
+
+namespace mxt::sm90 {
+namespace {
+
+TEST(GroupedSchedule, RowUnitsCoverEveryTileOnceInPairLayouts) {
+  for (int cl : {1, 2}) {
+    for (bool odd_tail : {false, true}) {
+      for (int mt = 0; mt <= 9; ++mt) {
+        for (int nt = 1; nt <= 8; ++nt) {
+          SCOPED_TRACE("cl=" + std::to_string(cl) + " odd_tail=" + std::to_string(odd_tail) +
+                       " mt=" + std::to_string(mt) + " nt=" + std::to_string(nt));
+          const int units = row_units_of_expert(mt, nt, cl, odd_tail);
+          std::map<std::pair<int, int>, int> seen;
+          int idle = 0, last_pair_of_n = 0;
+          for (int local = 0; local < units; ++local) {
+            const RowUnit u0 = row_unit(local, mt, nt, cl, odd_tail, 0);
+            const RowUnit u1 = row_unit(local, mt, nt, cl, odd_tail, cl - 1);
+            for (int rank = 0; rank < cl; ++rank) {
+              const RowUnit& u = rank == 0 ? u0 : u1;
+              ASSERT_GE(u.n_tile, 0);
+              ASSERT_LT(u.n_tile, nt);
+              ASSERT_GE(u.m_tile, 0);
+              if (u.m_tile < mt)
+                ++seen[{u.m_tile, u.n_tile}];
+              else
+                ++idle;
+            }
+            if (cl == 2) {
+              EXPECT_EQ(u0.shared_b, u1.shared_b);
+              if (u0.shared_b) {  // adjacent m-tiles of one n-tile
+                EXPECT_EQ(u1.n_tile, u0.n_tile);
+                EXPECT_EQ(u1.m_tile, u0.m_tile + 1);
+              } else {            // one m-tile over adjacent n-tiles
+                EXPECT_EQ(u1.m_tile, u0.m_tile);
+                EXPECT_EQ(u1.n_tile, u0.n_tile + 1);
+              }
+            } else {
+              EXPECT_FALSE(u0.shared_b);
+            }
+            if (pairs_odd_tail(mt, nt, cl, odd_tail)) {  // units walk pairs of n-tiles in order
+              EXPECT_GE(u0.n_tile / 2, last_pair_of_n);
+              last_pair_of_n = u0.n_tile / 2;
+            }
+          }
+          EXPECT_EQ(static_cast<int>(seen.size()), mt * nt);
+          for (const auto& [tile, n] : seen) EXPECT_EQ(n, 1) << "m-tile " << tile.first << " n-tile " << tile.second;
+          EXPECT_EQ(idle, cl * units - mt * nt);
+          // Pairs leave a CTA idle only for an odd m-tile count, and then not where n-tiles pair up.
+          const bool can_pair = cl == 2 && odd_tail && nt % 2 == 0;
+          if (can_pair) EXPECT_EQ(idle, 0);
+          if (cl == 2 && !can_pair) EXPECT_EQ(idle, (mt % 2) * nt);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mxt::sm90
