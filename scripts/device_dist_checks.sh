@@ -73,6 +73,8 @@ DATA="dataset.source=${BENCH_DATA:-random}"
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE -x MXTRAIN_COMM_TIMING)
 summary=()
 add() { summary+=("$(printf '| %-28s | %s |' "$1" "$2")"); }
+# The commit the binaries were built from, so a log names the code it measured (session 28 measured a stale pack).
+add "binary" "$("$MX" --version 2>&1 | head -1)"
 # loss/tokens_per_s summary of metrics files: label=file ...
 metrics() {
   python3 - "$@" <<'PY'

@@ -17,6 +17,7 @@
 #include "mxtrain/device_info.hpp"
 #include "mxtrain/stop_signal.hpp"
 #include "mxtrain/trainer.hpp"
+#include "mxtrain/version.hpp"
 #include "mxtrain/writable_dir.hpp"
 
 namespace {
@@ -85,7 +86,7 @@ int run(const mxt::CliOptions& opt, int rank, int world) {
   if (!opt.dump_dir.empty() && world > 1)
     throw mxt::ConfigError("--dump runs on one rank; run it without mpirun and with parallelism.ep_size=1");
   if (rank == 0) {
-    spdlog::info("mxtrain {} | config {} | {}", MXTRAIN_VERSION, opt.load.config_name, why);
+    spdlog::info("mxtrain {} | config {} | {}", mxt::version_string(), opt.load.config_name, why);
     if (world > 1)
       spdlog::info("{} ranks: dp_size {} x ep_size {} (EP groups = consecutive ranks), collectives on {}, "
                    "timeout {} s", world, cfg.parallelism.dp_size, cfg.parallelism.ep_size,

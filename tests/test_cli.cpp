@@ -4,13 +4,13 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
+#include <regex>
+
 #include "mxtrain/cli.hpp"
+#include "mxtrain/version.hpp"
 
 #ifndef MXTRAIN_SOURCE_DIR
 #define MXTRAIN_SOURCE_DIR "/work/main"
-#endif
-#ifndef MXTRAIN_VERSION
-#define MXTRAIN_VERSION "unknown"
 #endif
 
 using ::testing::HasSubstr;
@@ -67,7 +67,14 @@ TEST(Cli, VersionExitsZero) {
   const CliOptions o = parse({"--version"});
   EXPECT_TRUE(o.should_exit && o.show_version);
   EXPECT_EQ(o.exit_code, 0);
-  EXPECT_EQ(o.message, "mxtrain " MXTRAIN_VERSION "\n");
+  EXPECT_EQ(o.message, "mxtrain " MXTRAIN_VERSION " (commit " + std::string(build_commit()) + ")\n");
+}
+
+// The commit recorded at build time: 12 hex digits (+ "-dirty"), or "unknown" outside a git checkout.
+TEST(Cli, VersionNamesTheBuildCommit) {
+  const std::string c = build_commit();
+  EXPECT_TRUE(c == "unknown" || std::regex_match(c, std::regex("[0-9a-f]{12}(-dirty)?"))) << c;
+  EXPECT_THAT(version_string(), HasSubstr(c));
 }
 
 TEST(Cli, UsageErrorsExitTwoNamingTheProblem) {

@@ -7,9 +7,7 @@
 #include <sstream>
 #include <string>
 
-#ifndef MXTRAIN_VERSION
-#define MXTRAIN_VERSION "unknown"
-#endif
+#include "mxtrain/version.hpp"
 
 namespace mxt {
 
@@ -95,7 +93,7 @@ CliOptions parse_cli(int argc, const char* const* argv) {
   o.print_config = cfg_kind == "job";
   if (o.show_version) {
     o.should_exit = true;
-    o.message = "mxtrain " MXTRAIN_VERSION "\n";
+    o.message = "mxtrain " + version_string() + "\n";
   }
   return o;
 }
