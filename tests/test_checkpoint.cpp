@@ -17,6 +17,7 @@
 #include "mxtrain/data.hpp"
 #include "mxtrain/ops.hpp"
 #include "mxtrain/params.hpp"
+#include "mxtrain/version.hpp"
 #include "tiny_config.hpp"
 
 namespace mxt {
@@ -391,6 +392,18 @@ TEST(CheckpointManifest, TilingGapsAndOverlapsAreNamed) {
   Manifest dup = m;
   dup.shards[1].tensors.push_back(dup.shards[0].tensors.back());
   EXPECT_THROW(check_tiling(dup, "x"), CheckpointError);
+}
+
+// The manifest names the binary that wrote it (version and source commit), inside the checksummed body.
+TEST(CheckpointManifest, NamesTheWritingBinary) {
+  auto ops = make_cpu_ops();
+  const fs::path root = fresh_dir("manifest_writer");
+  const std::string dir = save_from(random_global(tiny_model(), 5), 1, 1, root.string(), 3, *ops);
+  std::ifstream in(dir + "/manifest.json");
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  const std::string line = "\"written_by\": \"mxtrain " + version_string() + "\"";
+  EXPECT_NE(text.find(line), std::string::npos) << text.substr(0, 300);
+  EXPECT_NO_THROW(read_manifest(dir));
 }
 
 TEST(CheckpointManifest, DamagedManifestIsDetected) {

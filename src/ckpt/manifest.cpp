@@ -13,6 +13,7 @@
 #include "ckpt/ckpt_internal.hpp"
 #include "mxtrain/data.hpp"
 #include "mxtrain/params.hpp"
+#include "mxtrain/version.hpp"
 
 namespace mxt::ckpt {
 namespace {
@@ -114,6 +115,7 @@ std::string manifest_text(const Manifest& m) {
   for (const auto& s : m.shards) shards.push_back(shard_ojson(s));
   ojson j = {{"format", "mxtrain-checkpoint"},
              {"format_version", m.format_version},
+             {"written_by", "mxtrain " + version_string()},  // provenance only; not read back
              {"step", m.step},
              {"world_size", m.world_size},
              {"dp_size", m.dp_size},
