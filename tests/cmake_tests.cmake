@@ -22,3 +22,8 @@ if(MXT_PYTHON3)
   set_tests_properties(gpu_samples PROPERTIES ENVIRONMENT TZ=UTC
                        PASS_REGULAR_EXPRESSION "8x7B-2layer mxtrain \\| 15 \\| 1440 \\| 689 / 706 \\| 100%.*8x7B-2layer HF \\| 23 \\| 1725")
 endif()
+
+# scripts/pack_devbin.sh on stand-in builds: packs each build with its --version line, refuses stale binaries.
+add_test(NAME pack_devbin COMMAND bash ${CMAKE_SOURCE_DIR}/tests/pack_devbin_test.sh
+         ${CMAKE_SOURCE_DIR}/scripts/pack_devbin.sh)
+set_tests_properties(pack_devbin PROPERTIES PASS_REGULAR_EXPRESSION "pack_devbin: all passed")
