@@ -155,7 +155,7 @@ int run(int argc, char** argv) {
     return 1;
   }
   const ShapeDef shapes[] = {{"8x1B", 16, 8, 128}, {"8x7B", 32, 8, 128}, {"d64", 16, 8, 64}, {"d64h32", 32, 8, 64}};
-  const Impl impls[] = {{"flash-v0", "flash", "0", false}, {"flash-v0 serial", "flash", "0", false, "0"},
+  const Impl impls[] = {{"flash-v0", "flash", "0", false}, {"flash-v0 one-stream", "flash", "0", false, "0"},
                         {"flash-v0 mma-dq", "flash", "0", false, "1", "auto", "mma"},
                         {"flash-v0 mma", "flash", "0", false, "1", "mma", "mma"},
                         {"flash-v0 mma-fwd", "flash", "0", false, "1", "auto", "auto", "mma"},
