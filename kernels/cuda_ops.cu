@@ -3,6 +3,7 @@
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
 #include "mxtrain/device_info.hpp"
+#include "mxtrain/trace.hpp"
 
 #include <cstdlib>
 #include <cstring>
@@ -86,6 +87,9 @@ void CudaContext::join() {
   const char* op = "stream join";
   cuda::check(cudaEventRecord(join_ev_, side_), op, "cudaEventRecord");
   cuda::check(cudaStreamWaitEvent(stream, join_ev_, 0), op, "cudaStreamWaitEvent");
+  // Op timing: the wait for the side stream is its own row, not part of the next launch's time (session 28: the
+  // attention backward's dQ tail showed up as a 7x slower RoPE backward).
+  stage_mark(op);
 }
 
 CudaContext::~CudaContext() {
