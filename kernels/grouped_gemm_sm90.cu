@@ -43,8 +43,8 @@
 //
 // Expert boundaries: forward / dgrad load 128 rows from the tile's first row even past the expert's end (they
 // belong to the next expert, or are zero-filled past R); each output row depends only on its own input row,
-// and the epilogue stores only the expert's rows. Wgrad contracts over rows, so the rows of the last k-block
-// past the expert's end are zeroed in shared memory (A and B) before its wgmmas: one k-block per tile.
+// and the epilogue stores only the expert's rows. Wgrad contracts over rows, so in each row set's last k-block
+// of an expert only the k16 steps over its rows run, with its rows' k16 step completed by zeros (WgradTail).
 //
 // Wgrad epilogue: dW += acc is done by the TMA unit (cp.reduce.async.bulk.tensor .add.f32) from 64 x 16 fp32
 // boxes that each consumer warpgroup writes into a small ring of shared buffers, so the read-add-write of the
@@ -79,6 +79,16 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 enum class Mode : int { kFwd = 0, kDgrad = 1, kWgrad = 2, kFwdSwiglu = 3, kDgradSwiglu = 4 };
+
+// Wgrad: how a row set's last k-block of an expert, holding valid < BK of its rows, leaves the other rows out.
+//   kTailSteps (default): only ceil(valid / 16) of the k-block's 4 k16 wgmmas run, and each warpgroup zeroes rows
+//     [valid, 16 * steps) of its own A chunk (dy) and syncs alone (none of this when valid % 16 == 0). B's rows
+//     there are other experts' rows of the same set, finite products of the step (were one not, that expert's own
+//     dW would not be finite either); where they may be unwritten (past offsets_s[E]), both operands' rows are
+//     zeroed, by both warpgroups together.
+//   kTailZero: both warpgroups zero rows [valid, BK) of A and B, sync, and run all 4 wgmmas (before session 29).
+//   kTailNone: nothing: wrong sums, timing only (MXTRAIN_GG_FAULT=tail).
+enum WgradTail : int { kTailSteps = 0, kTailZero = 1, kTailNone = 2 };
 
 // Output columns of one work item: the forward + SwiGLU tile makes BN/2 act columns from BN accumulators.
 template <Mode kMode, int BN>
@@ -115,6 +125,8 @@ struct Sched {
   int32_t lo[kMaxExperts], hi[kMaxExperts];  // expert rows (wgrad: of the first row set)
   int32_t mtiles[kMaxExperts];               // fwd / dgrad: m-tiles; wgrad: k-blocks over all row sets
   int32_t slo[kSetSlots], shi[kSetSlots];    // wgrad: expert e's rows of set s >= 1 at (s - 1) * E + e
+  int32_t unk[kMaxSets];  // wgrad: set s's first row that may be unwritten: offsets_s[E] if below R_s, else R_s
+                          // (TMA zero-fills rows past R_s)
   int32_t cum[kMaxExperts + 1];  // exclusive prefix of the experts' work items
 };
 
@@ -141,6 +153,7 @@ struct Params {
   int32_t prefetch; // wgrad: prefetch each dW tile into L2 (one tensor prefetch, SetMaps::pf) before adding to it
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing,
                     // 3 = no epilogue (timing only)
+  int32_t tail;     // wgrad: a row set's last k-block of an expert (WgradTail)
   int32_t odd_tail;   // fwd / dgrad, CTA pairs: an odd last m-tile over two n-tiles (MXTRAIN_GG_ODD_TAIL=pair)
   int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC); wgrad: the
                       // tile leaves through TMA reduce-adds / stores, else red.global / st.global from registers
@@ -169,7 +182,8 @@ __device__ __forceinline__ void set_rows(const Sched& sc, int E, int s, int e, i
 }
 
 // Wgrad: walks an item's k-blocks over the row sets in order, skipping empty ones. next() gives the k-block's
-// first row and how many of its BK rows belong to the expert (the rest are zeroed by the consumers).
+// first row and how many of its BK rows belong to the expert (the rest must not count: see WgradTail); s is the
+// k-block's row set.
 struct SetCursor {
   int s = -1;
   int32_t row = 0, left = 0;
@@ -337,28 +351,50 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
   }
 }
 
-// Wgrad: zero k-rows [valid, 64) of stage `s` (A: 2 chunks, B: BN/64 chunks of 64 k-rows x 128 bytes). The
+// Wgrad: zero k-rows [from, to) of the 64-row chunks [c0, c1) of stage `s` (A: chunks 0, 1; B: 2..) with
+// `threads` threads from t, then make the writes visible to wgmma and sync those threads on barrier `bar`. The
 // 128-byte swizzle permutes 16-byte pieces within a row only, so a whole row is zeroed wherever its pieces are.
 template <int BN>
-__device__ __forceinline__ void zero_tail_rows(uint8_t* smem, int s, int valid, int ct) {
+__device__ __forceinline__ void zero_rows(uint8_t* smem, int s, int from, int to, int c0, int c1, int t,
+                                          int threads, uint32_t bar) {
   using C = Cfg<BN>;
-  constexpr int kChunks = BM / 64 + BN / 64;
-  const int rows = BK - valid;
-  const int per_chunk = rows * 8;  // 16-byte pieces
-  for (int i = ct; i < kChunks * per_chunk; i += kConsumerThreads) {
-    const int c = i / per_chunk, rem = i % per_chunk;
+  const int per_chunk = (to - from) * 8;  // 16-byte pieces
+  for (int i = t; i < (c1 - c0) * per_chunk; i += threads) {
+    const int c = c0 + i / per_chunk, rem = i % per_chunk;
     uint8_t* base = c < BM / 64 ? smem + s * C::kStageA + c * kChunk
                                 : smem + C::kOffB + s * C::kStageB + (c - BM / 64) * kChunk;
-    *reinterpret_cast<uint4*>(base + (valid + rem / 8) * 128 + (rem % 8) * 16) = make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(base + (from + rem / 8) * 128 + (rem % 8) * 16) = make_uint4(0u, 0u, 0u, 0u);
   }
-  fence_proxy_async_smem();                        // generic writes -> the wgmma's async-proxy reads
-  named_barrier_sync(1, kConsumerThreads);         // both consumer warpgroups read all of B
+  fence_proxy_async_smem();  // generic writes -> the wgmma's async-proxy reads
+  named_barrier_sync(bar, threads);
 }
 
-template <int BN, int kTA, int kTB>
+// Wgrad: prepares a tail k-block (valid < BK rows of the expert, starting at row r0 of set `set`) as `tail` says;
+// returns how many of its 4 k16 wgmmas to run. Both warpgroups take the same branches (same item, same k-block).
+template <int BN>
+__device__ __forceinline__ int wgrad_tail(uint8_t* smem, const Sched& sc, int tail, int s, int set, int32_t r0,
+                                          int valid, int ct, int cw) {
+  constexpr int kAll = BM / 64 + BN / 64;
+  if (tail == kTailNone) return BK / 16;
+  if (tail == kTailZero) {
+    zero_rows<BN>(smem, s, valid, BK, 0, kAll, ct, kConsumerThreads, 1);  // both warpgroups read all of B
+    return BK / 16;
+  }
+  const int steps = (valid + 15) / 16;
+  if (valid % 16 != 0) {
+    if (r0 + 16 * steps <= sc.unk[set])
+      zero_rows<BN>(smem, s, valid, 16 * steps, cw, cw + 1, ct % 128, 128, 4 + cw);  // this warpgroup's A only
+    else
+      zero_rows<BN>(smem, s, valid, 16 * steps, 0, kAll, ct, kConsumerThreads, 1);
+  }
+  return steps;
+}
+
+// The k-block's first kSteps k16 wgmmas (all 4 but in a wgrad tail k-block).
+template <int BN, int kTA, int kTB, int kSteps = BK / 16>
 __device__ __forceinline__ void mma_kblock(float (&acc)[BN / 2], uint32_t a, uint32_t b) {
 #pragma unroll
-  for (int k = 0; k < BK / 16; ++k) {
+  for (int k = 0; k < kSteps; ++k) {
     // K-major: the next 16 k are 32 bytes further along each 128-byte row; M/N-major: 16 rows of 128 bytes.
     const uint64_t da = kTA ? smem_desc(a + k * 2048, kChunk, 1024) : smem_desc(a + k * 32, 16, 1024);
     const uint64_t db = kTB ? smem_desc(b + k * 2048, kChunk, 1024) : smem_desc(b + k * 32, 16, 1024);
@@ -437,16 +473,22 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
     SetCursor cur;  // wgrad: each row set's last k-block may hold fewer than BK of the expert's rows
     for (int kb = 0; kb < it.nk; ++kb) {
       mbar_wait(&full[s], phase);
+      int steps = BK / 16;
       if constexpr (kMode == Mode::kWgrad) {
         int valid;
-        cur.next(sc, p.E, it.e, valid);
-        if (valid < BK && p.fault != 2) zero_tail_rows<BN>(smem_ptr, s, valid, ct);
+        const int32_t r0 = cur.next(sc, p.E, it.e, valid);
+        if (valid < BK) steps = wgrad_tail<BN>(smem_ptr, sc, p.tail, s, cur.s, r0, valid, ct, cw);
       }
       // This warpgroup's 64 rows of A: rows 64cw.. of the K-major box, or the cw-th 64-wide M chunk.
       const uint32_t a = smem + s * C::kStageA + cw * kChunk;
       const uint32_t b = smem + C::kOffB + s * C::kStageB;
       wgmma_fence();
-      mma_kblock<BN, kTA, kTB>(acc, a, b);
+      switch (steps) {  // uniform over the warpgroup
+        case 1: mma_kblock<BN, kTA, kTB, 1>(acc, a, b); break;
+        case 2: mma_kblock<BN, kTA, kTB, 2>(acc, a, b); break;
+        case 3: mma_kblock<BN, kTA, kTB, 3>(acc, a, b); break;
+        default: mma_kblock<BN, kTA, kTB>(acc, a, b);
+      }
       wgmma_commit();
       wgmma_wait<1>();  // the previous k-block's wgmmas are done: its stage can be refilled
       if (kb > 0) release(prev);
@@ -688,6 +730,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Work items per expert from the device offsets (clamped into [0, R], non-decreasing: a bad table cannot
   // cause out-of-bounds accesses).
+  if (kMode == Mode::kWgrad && tid < p.sets) {
+    const int32_t R_s = tid == 0 ? p.R : p.set_R[tid];
+    const int32_t end = clamp_to(tid == 0 ? p.offsets[p.E] : p.set_offsets[tid][p.E], R_s);
+    sc.unk[tid] = end < R_s ? end : INT32_MAX;
+  }
   for (int e = tid; e < p.E; e += kThreads) {
     const int32_t lo = clamp_to(p.offsets[e], p.R);
     int32_t hi = clamp_to(p.offsets[e + 1], p.R);
@@ -776,6 +823,7 @@ std::atomic<int> g_cluster{0};
 std::atomic<int> g_store{0};  // 0: env, 1: TMA stores, 2: direct stores
 std::atomic<int> g_wgrad_tma{0};  // 0: env, 1: TMA reduce-adds, 2: red.global
 std::atomic<int> g_swiglu{0};     // 0: env, 1: SwiGLU fused into the expert GEMMs, 2: separate kernels
+std::atomic<int> g_wgrad_tail{-1};  // -1: env, else a WgradTail
 thread_local const char* g_last_impl = "none";
 
 // The index in `choices` of environment variable `var`'s value, read once per call site (unset or empty: 0); an
@@ -852,6 +900,14 @@ bool swiglu_fused() {
   const int o = g_swiglu.load();
   if (o != 0) return o == 1;
   static const bool v = env_choice("MXTRAIN_GG_SWIGLU", {"separate", "fused"}) == 1;
+  return v;
+}
+
+// Wgrad tail k-blocks (WgradTail): env MXTRAIN_GG_WGRAD_TAIL=steps (default) | zero.
+int wgrad_tail_mode() {
+  const int o = g_wgrad_tail.load();
+  if (o >= 0) return o;
+  static const int v = env_choice("MXTRAIN_GG_WGRAD_TAIL", {"steps", "zero"}) == 0 ? kTailSteps : kTailZero;
   return v;
 }
 
@@ -1115,6 +1171,10 @@ void set_grouped_cluster(int ctas) {
 void set_grouped_tma_store(int on) { g_store.store(on < 0 ? 0 : on ? 1 : 2); }
 void set_grouped_wgrad_tma(int on) { g_wgrad_tma.store(on < 0 ? 0 : on ? 1 : 2); }
 void set_grouped_swiglu_fusion(int on) { g_swiglu.store(on < 0 ? 0 : on ? 1 : 2); }
+void set_grouped_wgrad_tail(int mode) {
+  if (mode < -1 || mode > 2) cuda::fail("grouped_gemm_wgrad", "tail mode must be -1, 0, 1 or 2, got " + std::to_string(mode));
+  g_wgrad_tail.store(mode);
+}
 const char* last_grouped_impl() { return g_last_impl; }
 void note_grouped_impl(const char* impl) { g_last_impl = impl; }
 
@@ -1206,6 +1266,7 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
     p.prefetch = p.overwrite ? 0 : wgrad_prefetch();  // nothing to read when storing
     p.tma_store = wgrad_tma_epilogue() ? 1 : 0;
     p.fault = fault_injection();
+    p.tail = p.fault == 2 ? kTailNone : wgrad_tail_mode();
     p.out = dW;
     launches.push_back(L);
   }

@@ -37,6 +37,10 @@ void set_grouped_wgrad_tma(int on);
 // SwiGLU fused into the expert GEMMs' epilogues (try_grouped_fwd_swiglu, try_grouped_dgrad_swiglu): 1 = on,
 // 0 = off (default; env MXTRAIN_GG_SWIGLU=separate|fused), -1 restores the env var's choice.
 void set_grouped_swiglu_fusion(int on);
+// Weight-gradient tail k-blocks (a row set's last of an expert): 0 = only the wgmmas over its rows, each warpgroup
+// zeroing up to 15 rows of its dy chunk (default; env MXTRAIN_GG_WGRAD_TAIL=steps), 1 = zero the other rows of both
+// operands, all 4 wgmmas (zero), 2 = leave them (wrong sums: timing only), -1 restores the env var's choice.
+void set_grouped_wgrad_tail(int mode);
 // What the last grouped GEMM call of this thread ran: "sm90" or "wmma" (tests assert the path they meant).
 const char* last_grouped_impl();
 void note_grouped_impl(const char* impl);

@@ -40,6 +40,8 @@
 
 namespace {
 
+int g_op_mask = 7;  // --ops: bit k runs the ops of kind k (0 forward, 1 dgrad, 2 wgrad)
+
 using namespace mxt::bench;
 using mxt::DType;
 using mxt::Device;
@@ -126,6 +128,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       {"wgrad W13", 2, &dh13.t, nullptr, &x.t, 2 * f, d},       {"wgrad W2", 2, &dy.t, nullptr, &act.t, d, f},
   };
   for (const Op& op : list) {
+    if (!(g_op_mask >> op.kind & 1)) continue;
     const double flops = 2.0 * R * op.out * op.inn;
     // Outputs: y / dx [R, width] bf16 (two: implementation under test and reference); dW [E, out, in] f32.
     const int64_t width = op.kind == 0 ? op.out : op.inn;
@@ -308,6 +311,55 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
         }
       }
     }
+    if (op.kind == 2) {
+      // The trainer's shape of that launch (bench_8x7B_2layer: 8 micro-batches of 4,096 tokens x top-2): 8 row
+      // sets of R / 2 rows each, in distinct buffers as the held micro-batches are, so no set's operands are
+      // another's in L2. Session 28: in the 8x7B step the wgrad ran at 544 TFLOP/s against 655-664 for the 8
+      // repeated full sets above; this row says how much of that is the shape.
+      const int64_t half = R / 2, sets = 8;
+      std::vector<int32_t> off_h(E + 1);
+      for (int64_t e = 0; e <= E; ++e) off_h[e] = off[e] / 2;
+      off_h[E] = static_cast<int32_t>(half);
+      Buf OFFH(ops, DType::I32, {E + 1});
+      ops.upload(OFFH.t.data, off_h.data(), off_h.size() * 4);
+      Buf din(ops, DType::BF16, {sets * half, op.out}), dx2(ops, DType::BF16, {sets * half, op.inn});
+      fill_uniform(ops, din.t, 11, 1.f);
+      fill_uniform(ops, dx2.t, 12, 1.f);
+      std::vector<mxt::Ops::WgradRowSet> rs;
+      for (int64_t k = 0; k < sets; ++k)
+        rs.push_back(mxt::Ops::WgradRowSet{din.t.rows(k * half, half), dx2.t.rows(k * half, half), OFFH.t});
+      mxt::sm90::set_grouped_wgrad_tma(1);
+      // Each row set's last k-block of an expert: only its rows' k16 steps (steps, the default), both operands'
+      // other rows zeroed (zero: before session 29), or left (none: wrong sums, what the tail costs by difference);
+      // 1 CTA and CTA pairs (the trainer's default).
+      const char* tails[] = {"steps", "zero", "none"};
+      for (const int cl : {1, 2}) {
+        mxt::sm90::set_grouped_cluster(cl);
+        for (int tail = 0; tail < 3; ++tail) {
+          mxt::sm90::set_grouped_wgrad_tail(tail);
+          ops.zero(out1);
+          ops.zero(out2);
+          ops.grouped_gemm_wgrad_sets(rs, out1, true);
+          const std::string path = mxt::sm90::last_grouped_impl();
+          mxt::sm90::set_grouped_wgrad_tail(-1);
+          for (const auto& r : rs) ops.grouped_gemm_wgrad(r.dy, r.x, r.offsets, out2);
+          mxt::sm90::set_grouped_wgrad_tail(tail);
+          const double err = rel_l2_device(ops, out1, out2, acc2.t);
+          char note[112];
+          std::snprintf(note, sizeof(note), "rel L2 vs 8 single calls %.2e%s%s", err,
+                        path == "sm90" ? "" : " (FELL BACK)", tail == 2 ? " (wrong sums: timing only)" : "");
+          const Timing t =
+              time_it(st, flush, flush_bytes, 3, runs, [&] { ops.grouped_gemm_wgrad_sets(rs, out1, true); });
+          char name[96];
+          std::snprintf(name, sizeof(name), "sm90 c%d 8 distinct half row sets, tail %s (4x rows, the trainer's)",
+                        cl, tails[tail]);
+          rows.push_back(Row{s.name, op.name, name, t, 4 * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
+        }
+      }
+      mxt::sm90::set_grouped_wgrad_tail(-1);
+      mxt::sm90::set_grouped_cluster(1);
+      mxt::sm90::set_grouped_wgrad_tma(-1);
+    }
     if (with_wmma) {
       mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Wmma);
       add_row("wmma", time_it(st, flush, flush_bytes, 1, std::max(3, runs / 4), [&] { grouped(out1); }), "");
@@ -343,6 +395,15 @@ int main(int argc, char** argv) {
       runs = std::atoi(argv[++i]);
     } else if (a == "--shape" && i + 1 < argc) {
       which = argv[++i];
+    } else if (a == "--ops" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      g_op_mask = (v.find("fwd") != std::string::npos ? 1 : 0) | (v.find("dgrad") != std::string::npos ? 2 : 0) |
+                  (v.find("wgrad") != std::string::npos ? 4 : 0);
+      if (v == "all") g_op_mask = 7;
+      if (g_op_mask == 0) {
+        std::fprintf(stderr, "bench_grouped_gemm: bad --ops %s (a list of fwd, dgrad, wgrad, or all)\n", v.c_str());
+        return 2;
+      }
     } else if (a == "--no-wmma") {
       with_wmma = false;
     } else if (a == "--no-cluster") {
@@ -350,7 +411,9 @@ int main(int argc, char** argv) {
     } else if (a == "--sustain" && i + 1 < argc) {
       sustain_s = std::atof(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--no-wmma] [--no-cluster] [--sustain S]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--ops fwd,dgrad,wgrad] [--no-wmma] "
+                   "[--no-cluster] [--sustain S]\n",
                    argv[0]);
       return 2;
     }

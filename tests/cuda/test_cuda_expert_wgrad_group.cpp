@@ -28,6 +28,7 @@ struct Guard {
     sm90::set_grouped_tile_n(0);
     sm90::set_grouped_cluster(0);
     sm90::set_grouped_wgrad_tma(-1);
+    sm90::set_grouped_wgrad_tail(-1);
   }
 };
 
@@ -137,6 +138,56 @@ TEST(CudaExpertWgradGroup, RowSetsAgainstTheSingleCalls) {
   check_sets(*gpu, *cpu, 2048, 4096,
              {make_set({300, 0, 677, 290}, 24, 2048, 4096, 13), make_set({250, 410, 380, 1}, 0, 2048, 4096, 15)}, 17,
              false);
+}
+
+// A row set's last k-block of an expert: the default runs only the k16 wgmmas over its rows (zeroing up to 15 rows
+// of dy), the older mode zeroes the other rows of both operands and runs all 4. Same sums, so both against the CPU
+// twin and bit for bit against each other (== per element), at tails of every kind: a multiple of 16 rows (no
+// zeroing at all), 1 to 15 past one, a last expert ending in NaN padding (both operands zeroed there) or at the
+// end of the set.
+TEST(CudaExpertWgradGroup, TailStepsAgreeWithZeroedTails) {
+  MXT_REQUIRE_SM90();
+  auto gpu_ops = make_cuda_ops();
+  auto cpu_ops = make_cpu_ops();
+  Ops &gpu = *gpu_ops, &cpu = *cpu_ops;
+  const int64_t out = 192, in = 320, E = 6;
+  std::vector<RowSet> sets = {make_set({16, 80, 0, 47, 33, 113}, 5, out, in, 81),
+                              make_set({48, 1, 64, 95, 0, 32}, 0, out, in, 83),
+                              make_set({15, 17, 31, 49, 63, 128}, 9, out, in, 85)};
+  std::vector<Ops::WgradRowSet> host_sets;
+  for (RowSet& r : sets) host_sets.push_back({host(r.dy, {r.R, out}), host(r.x, {r.R, in}), host_i32(r.off, {E + 1})});
+  const auto dw0 = randn(E * out * in, 87);
+  std::vector<float> ref = dw0;
+  cpu.grouped_gemm_wgrad_sets(host_sets, host(ref, {E, out, in}), true);
+  for (int bn : {256, 128}) {
+    for (int cl : {1, 2}) {
+      std::vector<float> got[2];
+      for (int tail : {0, 1}) {  // steps, zero
+        SCOPED_TRACE("BN " + std::to_string(bn) + " cluster " + std::to_string(cl) + (tail ? " zero" : " steps"));
+        Guard guard;
+        sm90::set_grouped_tile_n(bn);
+        sm90::set_grouped_cluster(cl);
+        sm90::set_grouped_wgrad_tail(tail);
+        std::vector<DeviceTensor> keep;
+        std::vector<Ops::WgradRowSet> dev_sets;
+        for (const RowSet& r : sets) {
+          keep.push_back(upload(gpu, r.dy, DType::BF16, {r.R, out}));
+          keep.push_back(upload(gpu, r.x, DType::BF16, {r.R, in}));
+          keep.push_back(upload_i32(gpu, r.off, {E + 1}));
+          dev_sets.push_back({keep[keep.size() - 3].t, keep[keep.size() - 2].t, keep.back().t});
+        }
+        auto DW = upload(gpu, dw0, DType::F32, {E, out, in});
+        sm90::note_grouped_impl("none");
+        gpu.grouped_gemm_wgrad_sets(dev_sets, DW, true);
+        EXPECT_STREQ(sm90::last_grouped_impl(), "sm90");
+        got[tail] = download(gpu, DW);
+        EXPECT_CLOSE_REL(got[tail], ref, 1e-5);
+      }
+      int64_t differ = 0;
+      for (size_t i = 0; i < got[0].size(); ++i) differ += !(got[0][i] == got[1][i]);
+      EXPECT_EQ(differ, 0) << "BN " << bn << " cluster " << cl << ": the tail modes' sums differ";
+    }
+  }
 }
 
 // Where the Hopper kernel does not run (here: forced off), the op falls back to a zeroing when overwriting and

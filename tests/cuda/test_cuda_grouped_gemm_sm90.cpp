@@ -183,6 +183,7 @@ TEST_P(CudaGroupedGemmSm90, TileEdgeLoadsEmptyExpertsAndPadding) {
   check_both_tiles(*gpu, *cpu, {200, 136, {63, 1, 191}, 0}, GetParam(), 13);                     // no padding, K % 64 != 0
   check_both_tiles(*gpu, *cpu, {64, 64, {0, 0, 0}, 130}, GetParam(), 14);                        // every row is padding
   check_both_tiles(*gpu, *cpu, {96, 64, {300}, 5}, GetParam(), 15);                              // a single expert
+  check_both_tiles(*gpu, *cpu, {128, 192, {48, 80, 32, 112, 16}, 9}, GetParam(), 16);  // wgrad tails of 16k rows
 }
 
 // Experts with an odd number of m-tiles around the bench shapes' ~1,024 rows: with CTA pairs and an even number of
