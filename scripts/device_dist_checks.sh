@@ -13,6 +13,8 @@
 #   ckpt8x1b  8x1B on 1 GPU: async save at step 2, then resume from it: save, stall and load times
 #   profile8x1b  8x1B on 1 GPU, one micro-batch and one optimizer step under ncu (kernel durations only): GPU
 #             time per kernel family, the top of the list printed
+#   ggncu     ncu on bench_grouped_gemm's 8x7B forwards: our kernels beside cuBLASLt's dense GEMM (clock, duration,
+#             SpeedOfLight and memory throughputs per kernel name; written in session 29, not yet run)
 #   cuda      every CUDA test (bf16 and MXFP8 kernels, GPU training) against its CPU twin
 #   parity    scripts/parity_hf.py, CUDA backend (bf16, then cuda-fp32), against HF transformers in fp32
 #   trainer   scripts/bench_trainer.py: L0_sanity (1 GPU) and the 8x7B 2-layer shape beside the HF baseline
@@ -271,6 +273,32 @@ s = sum(tot.values())
 print(f"total GPU kernel time {s:.1f} ms over {sum(cnt.values())} kernels")
 for k, v in sorted(tot.items(), key=lambda x: -x[1])[:25]:
     print(f"{v:9.2f} ms {100 * v / s:5.1f}%  x{cnt[k]:<5d} {k[:90]}")
+PY
+    ;;
+  ggncu)
+    # Our forward W13 grouped GEMM (1 CTA and CTA pairs) beside cuBLASLt's dense GEMM on equal FLOPs under ncu:
+    # clock, duration and the SpeedOfLight / memory throughputs of each kernel, averaged per kernel name. In the
+    # step all of them run at the 700 W cap, so what differs per FLOP (L2, shared memory, DRAM traffic) is what
+    # the expert GEMMs' 0.88 of the LM head's rate (session 29) is made of.
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    CUDA_VISIBLE_DEVICES=0 timeout 400 "$NCU" --clock-control none --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --kernel-name-base demangled -k regex:'grouped_sm90_kernel|nvjet|xmma' \
+      --launch-count ${GGNCU_LAUNCHES:-60} --csv --log-file "$OUT/ggncu.csv" \
+      "$BIN_DIR/bench_grouped_gemm" --no-wmma --shape 8x7B --ops fwd --runs 1 >"$OUT/ggncu_bench.log" 2>&1
+    add "ncu grouped GEMM vs cuBLASLt" "rc=$?"
+    python3 - "$OUT/ggncu.csv" <<'PY' | tee "$OUT/ggncu.txt"
+import collections, csv, re, sys
+want = ("Duration", "SM Frequency", "Compute (SM) Throughput", "Memory Throughput", "DRAM Throughput",
+        "L2 Cache Throughput", "L1/TEX Cache Throughput")
+vals = collections.defaultdict(lambda: collections.defaultdict(list))
+rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
+for r in csv.DictReader(rows):
+    if r.get("Metric Name") not in want: continue
+    name = re.sub(r"\(.*", "", r["Kernel Name"])[:70] + " grid " + r.get("Grid Size", "?")
+    vals[name][r["Metric Name"] + " [" + r.get("Metric Unit", "") + "]"].append(float(r["Metric Value"].replace(",", "")))
+for name, m in vals.items():
+    n = max(len(v) for v in m.values())
+    print(f"{name} (x{n}): " + ", ".join(f"{k} {sum(v) / len(v):.4g}" for k, v in sorted(m.items())))
 PY
     ;;
   cuda)
