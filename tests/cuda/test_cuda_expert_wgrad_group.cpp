@@ -56,16 +56,42 @@ RowSet make_set(std::vector<int32_t> loads, int64_t padding, int64_t out, int64_
   return s;
 }
 
+// dW0 (+)= the sets' contractions by the CPU twin.
+std::vector<float> cpu_sets(Ops& cpu, std::vector<RowSet>& sets, int64_t out, int64_t in,
+                            const std::vector<float>& dw0, bool accumulate) {
+  const int64_t E = static_cast<int64_t>(sets[0].loads.size());
+  std::vector<float> ref = dw0;
+  std::vector<Ops::WgradRowSet> host_sets;
+  for (RowSet& r : sets) host_sets.push_back({host(r.dy, {r.R, out}), host(r.x, {r.R, in}), host_i32(r.off, {E + 1})});
+  cpu.grouped_gemm_wgrad_sets(host_sets, host(ref, {E, out, in}), accumulate);
+  return ref;
+}
+
+// The same on the device, with the kernel settings in force; asserts that the Hopper kernel ran.
+std::vector<float> gpu_sets(Ops& gpu, const std::vector<RowSet>& sets, int64_t out, int64_t in,
+                            const std::vector<float>& dw0, bool accumulate) {
+  const int64_t E = static_cast<int64_t>(sets[0].loads.size());
+  std::vector<DeviceTensor> keep;
+  std::vector<Ops::WgradRowSet> dev_sets;
+  for (const RowSet& r : sets) {
+    keep.push_back(upload(gpu, r.dy, DType::BF16, {r.R, out}));
+    keep.push_back(upload(gpu, r.x, DType::BF16, {r.R, in}));
+    keep.push_back(upload_i32(gpu, r.off, {E + 1}));
+    dev_sets.push_back({keep[keep.size() - 3].t, keep[keep.size() - 2].t, keep.back().t});
+  }
+  auto DW = upload(gpu, dw0, DType::F32, {E, out, in});
+  sm90::note_grouped_impl("none");
+  gpu.grouped_gemm_wgrad_sets(dev_sets, DW, accumulate);
+  EXPECT_STREQ(sm90::last_grouped_impl(), "sm90");
+  return download(gpu, DW);
+}
+
 void check_sets(Ops& gpu, Ops& cpu, int64_t out, int64_t in, std::vector<RowSet> sets, uint32_t seed,
                 bool with_variants = true) {
   const int64_t E = static_cast<int64_t>(sets[0].loads.size());
   auto dw0 = randn(E * out * in, seed);
   for (const bool accumulate : {true, false}) {
-    std::vector<float> ref = dw0;
-    std::vector<Ops::WgradRowSet> host_sets;
-    for (RowSet& r : sets)
-      host_sets.push_back({host(r.dy, {r.R, out}), host(r.x, {r.R, in}), host_i32(r.off, {E + 1})});
-    cpu.grouped_gemm_wgrad_sets(host_sets, host(ref, {E, out, in}), accumulate);
+    const std::vector<float> ref = cpu_sets(cpu, sets, out, in, dw0, accumulate);
     for (int bn : {256, 128}) {
       for (int cl : {1, 2}) {
        for (int tma : {1, 0}) {  // the epilogue: TMA reduce-adds / stores, or red.global / st.global
@@ -77,19 +103,7 @@ void check_sets(Ops& gpu, Ops& cpu, int64_t out, int64_t in, std::vector<RowSet>
         sm90::set_grouped_tile_n(bn);
         sm90::set_grouped_cluster(cl);
         sm90::set_grouped_wgrad_tma(tma);
-        std::vector<DeviceTensor> keep;
-        std::vector<Ops::WgradRowSet> dev_sets;
-        for (const RowSet& r : sets) {
-          keep.push_back(upload(gpu, r.dy, DType::BF16, {r.R, out}));
-          keep.push_back(upload(gpu, r.x, DType::BF16, {r.R, in}));
-          keep.push_back(upload_i32(gpu, r.off, {E + 1}));
-          dev_sets.push_back({keep[keep.size() - 3].t, keep[keep.size() - 2].t, keep.back().t});
-        }
-        auto DW = upload(gpu, dw0, DType::F32, {E, out, in});
-        sm90::note_grouped_impl("none");
-        gpu.grouped_gemm_wgrad_sets(dev_sets, DW, accumulate);
-        EXPECT_STREQ(sm90::last_grouped_impl(), "sm90");
-        const std::vector<float> got = download(gpu, DW);
+        const std::vector<float> got = gpu_sets(gpu, sets, out, in, dw0, accumulate);
         EXPECT_CLOSE_REL(got, ref, 1e-5);
         for (int64_t e = 0; e < E; ++e) {
           bool empty = true;
@@ -154,11 +168,8 @@ TEST(CudaExpertWgradGroup, TailStepsAgreeWithZeroedTails) {
   std::vector<RowSet> sets = {make_set({16, 80, 0, 47, 33, 113}, 5, out, in, 81),
                               make_set({48, 1, 64, 95, 0, 32}, 0, out, in, 83),
                               make_set({15, 17, 31, 49, 63, 128}, 9, out, in, 85)};
-  std::vector<Ops::WgradRowSet> host_sets;
-  for (RowSet& r : sets) host_sets.push_back({host(r.dy, {r.R, out}), host(r.x, {r.R, in}), host_i32(r.off, {E + 1})});
   const auto dw0 = randn(E * out * in, 87);
-  std::vector<float> ref = dw0;
-  cpu.grouped_gemm_wgrad_sets(host_sets, host(ref, {E, out, in}), true);
+  const std::vector<float> ref = cpu_sets(cpu, sets, out, in, dw0, true);
   for (int bn : {256, 128}) {
     for (int cl : {1, 2}) {
       std::vector<float> got[2];
@@ -168,19 +179,7 @@ TEST(CudaExpertWgradGroup, TailStepsAgreeWithZeroedTails) {
         sm90::set_grouped_tile_n(bn);
         sm90::set_grouped_cluster(cl);
         sm90::set_grouped_wgrad_tail(tail);
-        std::vector<DeviceTensor> keep;
-        std::vector<Ops::WgradRowSet> dev_sets;
-        for (const RowSet& r : sets) {
-          keep.push_back(upload(gpu, r.dy, DType::BF16, {r.R, out}));
-          keep.push_back(upload(gpu, r.x, DType::BF16, {r.R, in}));
-          keep.push_back(upload_i32(gpu, r.off, {E + 1}));
-          dev_sets.push_back({keep[keep.size() - 3].t, keep[keep.size() - 2].t, keep.back().t});
-        }
-        auto DW = upload(gpu, dw0, DType::F32, {E, out, in});
-        sm90::note_grouped_impl("none");
-        gpu.grouped_gemm_wgrad_sets(dev_sets, DW, true);
-        EXPECT_STREQ(sm90::last_grouped_impl(), "sm90");
-        got[tail] = download(gpu, DW);
+        got[tail] = gpu_sets(gpu, sets, out, in, dw0, true);
         EXPECT_CLOSE_REL(got[tail], ref, 1e-5);
       }
       int64_t differ = 0;
