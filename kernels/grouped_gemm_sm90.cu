@@ -125,8 +125,8 @@ struct Sched {
   int32_t lo[kMaxExperts], hi[kMaxExperts];  // expert rows (wgrad: of the first row set)
   int32_t mtiles[kMaxExperts];               // fwd / dgrad: m-tiles; wgrad: k-blocks over all row sets
   int32_t slo[kSetSlots], shi[kSetSlots];    // wgrad: expert e's rows of set s >= 1 at (s - 1) * E + e
-  int32_t unk[kMaxSets];  // wgrad: set s's first row that may be unwritten: offsets_s[E] if below R_s, else R_s
-                          // (TMA zero-fills rows past R_s)
+  int32_t unk[kMaxSets];  // wgrad: set s's first row that may be unwritten: offsets_s[E] if below R_s, else
+                          // INT32_MAX (none: TMA zero-fills rows past R_s)
   int32_t cum[kMaxExperts + 1];  // exclusive prefix of the experts' work items
 };
 
@@ -1172,7 +1172,8 @@ void set_grouped_tma_store(int on) { g_store.store(on < 0 ? 0 : on ? 1 : 2); }
 void set_grouped_wgrad_tma(int on) { g_wgrad_tma.store(on < 0 ? 0 : on ? 1 : 2); }
 void set_grouped_swiglu_fusion(int on) { g_swiglu.store(on < 0 ? 0 : on ? 1 : 2); }
 void set_grouped_wgrad_tail(int mode) {
-  if (mode < -1 || mode > 2) cuda::fail("grouped_gemm_wgrad", "tail mode must be -1, 0, 1 or 2, got " + std::to_string(mode));
+  if (mode < -1 || mode > 2)
+    cuda::fail("grouped_gemm_wgrad", "tail mode must be -1, 0, 1 or 2, got " + std::to_string(mode));
   g_wgrad_tail.store(mode);
 }
 const char* last_grouped_impl() { return g_last_impl; }
