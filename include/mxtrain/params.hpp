@@ -57,8 +57,11 @@ ModelTensors bind_tensors(const ParamLayout& layout, const ModelConfig& m, const
 
 // HF-style init: normal(0, initializer_range) for matrices, ones for norms. Each tensor (and each expert of
 // an expert tensor, by global index) draws from its own stream derived from (seed, name), so the weights do
-// not depend on the parallel layout. Writes host F32 arrays sized like the flat buffers.
+// not depend on the parallel layout. A stream longer than 2^24 values continues in chunks with seeds of their own
+// (init_chunk_seed), drawn in parallel. Writes host F32 arrays sized like the flat buffers.
 void init_params_host(const ParamLayout& layout, const ModelConfig& m, uint64_t seed,
                       std::vector<float>& dense, std::vector<float>& expert);
+// The seed of a stream's chunk of 2^24 values; chunk 0 keeps the stream's own seed.
+uint64_t init_chunk_seed(uint64_t stream_seed, int64_t chunk);
 
 }  // namespace mxt
