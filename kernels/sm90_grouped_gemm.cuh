@@ -24,8 +24,8 @@ void set_grouped_impl(GroupedImpl impl);
 // The N width of the sm90 block tile: 256 (default; env MXTRAIN_GG_BN) or 128. 0 restores the default.
 void set_grouped_tile_n(int bn);
 // CTAs per cluster: 2 (default; env MXTRAIN_GG_CLUSTER; pairs share a tile through TMA multicast: the weight tile in
-// the forward and dgrad, the dy tile in the wgrad) or 1.
-// 0 restores the default.
+// the forward and dgrad, the dy tile in the wgrad) or 1; MXTRAIN_GG_CLUSTER_FWD / _DGRAD / _WGRAD override the env
+// var for one direction. Set here, it holds for all three; 0 restores the env vars' choice.
 void set_grouped_cluster(int ctas);
 // Forward / dgrad epilogue: 1 = TMA stores (default; env MXTRAIN_GG_STORE=tma), 0 = direct register stores
 // (MXTRAIN_GG_STORE=direct), -1 restores the env var's choice.
