@@ -482,14 +482,12 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
       // This warpgroup's 64 rows of A: rows 64cw.. of the K-major box, or the cw-th 64-wide M chunk.
       const uint32_t a = smem + s * C::kStageA + cw * kChunk;
       const uint32_t b = smem + C::kOffB + s * C::kStageB;
-      wgmma_fence();
-      switch (steps) {  // uniform over the warpgroup
-        case 1: mma_kblock<BN, kTA, kTB, 1>(acc, a, b); break;
-        case 2: mma_kblock<BN, kTA, kTB, 2>(acc, a, b); break;
-        case 3: mma_kblock<BN, kTA, kTB, 3>(acc, a, b); break;
-        default: mma_kblock<BN, kTA, kTB>(acc, a, b);
+      switch (steps) {  // uniform over the warpgroup; each case one whole fenced and committed group
+        case 1: wgmma_fence(); mma_kblock<BN, kTA, kTB, 1>(acc, a, b); wgmma_commit(); break;
+        case 2: wgmma_fence(); mma_kblock<BN, kTA, kTB, 2>(acc, a, b); wgmma_commit(); break;
+        case 3: wgmma_fence(); mma_kblock<BN, kTA, kTB, 3>(acc, a, b); wgmma_commit(); break;
+        default: wgmma_fence(); mma_kblock<BN, kTA, kTB>(acc, a, b); wgmma_commit();
       }
-      wgmma_commit();
       wgmma_wait<1>();  // the previous k-block's wgmmas are done: its stage can be refilled
       if (kb > 0) release(prev);
       prev = s;
