@@ -18,9 +18,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -28,6 +31,7 @@
 #include "cuda_common.cuh"
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
+#include "gemm_algo_pick.hpp"
 
 namespace mxt {
 
@@ -113,11 +117,39 @@ void check_lt(cublasStatus_t st, const char* what, const PlanKey& k) {
                            cublasLtGetStatusString(st) + ") for " + describe(k));
 }
 
+std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
+    uint32_t v = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS) return -1;
+    return static_cast<int>(v);
+  };
+  return "algo " + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID)) + " tile " + std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID)) +
+         " stages " + std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID)) + " splitk " +
+         std::to_string(get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " swizzle " +
+         std::to_string(get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)) + " cluster " +
+         std::to_string(get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+}
+
+// MXTRAIN_GEMM_ALGO (gemm_algo_pick.hpp), read once.
+const GemmAlgoPick& algo_pick() {
+  static const GemmAlgoPick v = [] {
+    try {
+      return parse_gemm_algo_pick(std::getenv("MXTRAIN_GEMM_ALGO"));
+    } catch (const std::invalid_argument& e) {
+      cuda::fail("gemm", e.what());
+    }
+  }();
+  return v;
+}
+
 // Builds the descriptors and queries the heuristic for one configuration: its first `want` algorithms into
-// `more` when given, the first always into the plan.
+// `more` when given; into the plan its first, or the one MXTRAIN_GEMM_ALGO picks for this shape.
 Plan* make_plan(const PlanKey& k, cublasLtHandle_t lt, int want = 1,
                 std::vector<cublasLtMatmulHeuristicResult_t>* more = nullptr) {
   Plan* p = new Plan;
+  const GemmAlgoPick& pick = algo_pick();
+  const bool picked = pick.applies(k.M, k.N, k.K);
   try {
     const cudaDataType_t c_type = k.c_dtype == static_cast<int>(DType::F32) ? CUDA_R_32F : CUDA_R_16BF;
     const cudaDataType_t ab_type = k.ab_dtype == static_cast<int>(DType::F32) ? CUDA_R_32F : CUDA_R_16BF;
@@ -141,7 +173,8 @@ Plan* make_plan(const PlanKey& k, cublasLtHandle_t lt, int want = 1,
 
     cublasLtMatmulPreference_t pref = nullptr;
     check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", k);
-    std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(want < 1 ? 1 : want));
+    const int asked = std::max(want < 1 ? 1 : want, picked ? pick.index + 1 : 1);
+    std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(asked));
     int found = 0;
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                              &k.workspace, sizeof(k.workspace));
@@ -173,9 +206,13 @@ Plan* make_plan(const PlanKey& k, cublasLtHandle_t lt, int want = 1,
       cuda::fail("gemm", "cuBLASLt found no algorithm for " + describe(k) + " (alignments A " +
                              std::to_string(k.align_a) + ", B " + std::to_string(k.align_b) + ", C " +
                              std::to_string(k.align_c) + " bytes)");
-    p->algo = results[0].algo;
-    p->workspace_needed = results[0].workspaceSize;
-    if (more) more->assign(results.begin(), results.begin() + found);
+    const int chosen = picked ? std::min(pick.index, found - 1) : 0;
+    p->algo = results[static_cast<size_t>(chosen)].algo;
+    p->workspace_needed = results[static_cast<size_t>(chosen)].workspaceSize;
+    if (picked)
+      std::fprintf(stderr, "mxtrain: gemm %s runs the heuristic's algorithm %d of %d (MXTRAIN_GEMM_ALGO): %s\n",
+                   describe(k).c_str(), chosen, found, algo_config(p->algo).c_str());
+    if (more) more->assign(results.begin(), results.begin() + std::min(found, want < 1 ? 1 : want));
     return p;
   } catch (...) {
     delete p;
@@ -220,19 +257,6 @@ PlanKey plan_key(const CudaContext& c, bool trans_a, bool trans_b, int64_t M, in
           pointer_alignment(B.data), pointer_alignment(C.data), c.workspace_bytes};
 }
 
-std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
-  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
-    uint32_t v = 0;
-    size_t written = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS) return -1;
-    return static_cast<int>(v);
-  };
-  return "algo " + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID)) + " tile " + std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID)) +
-         " stages " + std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID)) + " splitk " +
-         std::to_string(get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " swizzle " +
-         std::to_string(get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)) + " cluster " +
-         std::to_string(get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
-}
 
 }  // namespace
 
