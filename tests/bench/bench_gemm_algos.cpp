@@ -1,5 +1,6 @@
 // cuBLASLt algorithm sweep (one GPU) for the trainer's dense GEMMs: the LM head's three GEMMs (and its weight
-// gradient over 8 micro-batches' rows, lm_head_wgrad_micro_batches=8) and the attention projections, at the
+// gradient over 8 micro-batches' rows, lm_head_wgrad_micro_batches=8), the attention projections, and the dense
+// GEMMs bench_grouped_gemm compares the experts' grouped GEMMs with (their tile and cluster), at the
 // 8x7B and 8x1B shapes of the benchmarks (seq 4096, micro-batch 1, vocabulary 128,256). For each problem it
 // times the heuristic's first --algos algorithms (gemm_candidates) and prints the first one, which
 // CudaOps::gemm runs, beside the fastest: whether picking by measurement instead of by heuristic would pay.
@@ -29,7 +30,8 @@ struct Problem {
   float beta;
 };
 
-std::vector<Problem> problems(int64_t d, int64_t kv_width, int64_t T, int64_t V, int wgrad_group) {
+std::vector<Problem> problems(int64_t d, int64_t kv_width, int64_t f, int64_t R, int64_t T, int64_t V,
+                              int wgrad_group) {
   const int64_t qkv = d + 2 * kv_width;
   return {
       {"lm_head fwd  Z = h W^T", false, true, T, V, d, DType::BF16, 0.f},
@@ -42,13 +44,22 @@ std::vector<Problem> problems(int64_t d, int64_t kv_width, int64_t T, int64_t V,
       {"qkv wgrad", true, false, qkv, d, T, DType::F32, 1.f},
       {"o fwd", false, true, T, d, d, DType::BF16, 0.f},
       {"o wgrad", true, false, d, d, T, DType::F32, 1.f},
+      // bench_grouped_gemm's dense references (R routed rows, one expert's weights): which tile and cluster
+      // cuBLASLt's heuristic runs at the expert shapes our grouped GEMM is compared with
+      {"experts W13 fwd (dense)", false, true, R, 2 * f, d, DType::BF16, 0.f},
+      {"experts W2 fwd (dense)", false, true, R, d, f, DType::BF16, 0.f},
+      {"experts W13 dgrad (dense)", false, false, R, d, 2 * f, DType::BF16, 0.f},
+      {"experts W2 dgrad (dense)", false, false, R, f, d, DType::BF16, 0.f},
+      {"experts W13 wgrad (dense)", true, false, 2 * f, d, R, DType::F32, 1.f},
+      {"experts W2 wgrad (dense)", true, false, d, f, R, DType::F32, 1.f},
   };
 }
 
-void bench(mxt::CudaOps& ops, const char* shape, int64_t d, int64_t kv_width, int algos, int runs) {
+void bench(mxt::CudaOps& ops, const char* shape, int64_t d, int64_t kv_width, int64_t f, int64_t R, int algos,
+           int runs) {
   const int64_t T = 4096, V = 128256;
   const int group = 8;
-  for (const Problem& p : problems(d, kv_width, T, V, group)) {
+  for (const Problem& p : problems(d, kv_width, f, R, T, V, group)) {
     // Row-major op(A) [M, K], op(B) [K, N]: A stored [M, K] or [K, M], B stored [K, N] or [N, K].
     Buf a(ops, DType::BF16, {p.M * p.K}), b(ops, DType::BF16, {p.K * p.N}), c(ops, p.c, {p.M * p.N});
     fill_uniform(ops, a.t, 1, 1.f);
@@ -98,8 +109,9 @@ int run(int argc, char** argv) {
     return 0;
   }
   mxt::CudaOps ops(0);
-  if (shape != "8x1B") bench(ops, "8x7B", 4096, 1024, algos, runs);
-  if (shape != "8x7B") bench(ops, "8x1B", 2048, 1024, algos, runs);
+  // Routed rows as bench_grouped_gemm has them: 8x7B 16,384, 8x1B 32,768.
+  if (shape != "8x1B") bench(ops, "8x7B", 4096, 1024, 14336, 16384, algos, runs);
+  if (shape != "8x7B") bench(ops, "8x1B", 2048, 1024, 4096, 32768, algos, runs);
   return 0;
 }
 
