@@ -41,6 +41,7 @@
 namespace {
 
 int g_op_mask = 7;  // --ops: bit k runs the ops of kind k (0 forward, 1 dgrad, 2 wgrad)
+bool g_trainer_wgrad = false;  // --trainer-wgrad: the weight gradients' trainer-shape rows only (for ncu)
 
 using namespace mxt::bench;
 using mxt::DType;
@@ -195,7 +196,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
                                        {256, 2, 1, "sm90 128x256 c2"},
                                        {128, 2, 1, "sm90 128x128 c2"}};
     for (const Variant& v : variants) {
-      if (v.cl > 1 && !with_cluster) continue;
+      if ((v.cl > 1 && !with_cluster) || g_trainer_wgrad) continue;
       mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
       mxt::sm90::set_grouped_tile_n(v.bn);
       mxt::sm90::set_grouped_cluster(v.cl);
@@ -279,7 +280,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       add_row("sm90 + SwiGLU bwd epilogue", time_it(st, flush, flush_bytes, 3, runs, fused), note);
       add_row("sm90, then swiglu_backward", time_it(st, flush, flush_bytes, 3, runs, separate), "");
     }
-    if (op.kind == 2) {
+    if (op.kind == 2 && !g_trainer_wgrad) {
       // expert_wgrad_micro_batches's launch: the same rows as G row sets (G micro-batches' worth, G times the
       // FLOPs) into one read-add-write of dW, beside the G single calls it replaces; and as the step's first group,
       // which stores dW instead; one set storing is a step's first micro-batch without expert_wgrad_micro_batches.
@@ -402,6 +403,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench_grouped_gemm: bad --ops %s (a list of fwd, dgrad, wgrad, or all)\n", v.c_str());
         return 2;
       }
+    } else if (a == "--trainer-wgrad") {
+      g_trainer_wgrad = true;
+      g_op_mask = 4;
     } else if (a == "--no-wmma") {
       with_wmma = false;
     } else if (a == "--no-cluster") {
@@ -410,8 +414,8 @@ int main(int argc, char** argv) {
       sustain_s = std::atof(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--ops fwd,dgrad,wgrad] [--no-wmma] "
-                   "[--no-cluster] [--sustain S]\n",
+                   "usage: %s [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--ops fwd,dgrad,wgrad] [--trainer-wgrad] "
+                   "[--no-wmma] [--no-cluster] [--sustain S]\n",
                    argv[0]);
       return 2;
     }
