@@ -282,7 +282,7 @@ PY
     # the expert GEMMs' 0.88 of the LM head's rate (session 29) is made of. GGNCU_BENCH=--trainer-wgrad profiles the
     # weight gradient in the trainer's shape instead (8 micro-batches per call, each tail mode and cluster size).
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    CUDA_VISIBLE_DEVICES=0 timeout 400 "$NCU" --clock-control none --section SpeedOfLight \
+    CUDA_VISIBLE_DEVICES=0 timeout ${GGNCU_TIMEOUT:-400} "$NCU" --clock-control none --section SpeedOfLight \
       --section MemoryWorkloadAnalysis --kernel-name-base demangled -k regex:'grouped_sm90_kernel|nvjet|xmma' \
       --launch-count ${GGNCU_LAUNCHES:-60} --csv --log-file "$OUT/ggncu.csv" \
       "$BIN_DIR/bench_grouped_gemm" --no-wmma --shape 8x7B ${GGNCU_BENCH:---ops fwd} --runs 1 >"$OUT/ggncu_bench.log" 2>&1
