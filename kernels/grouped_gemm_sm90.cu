@@ -150,9 +150,11 @@ struct Params {
   int32_t n_units;  // n-tiles per scheduling unit row: ceil(ceil(N / BN) / cluster size)
   int32_t m_tiles;  // wgrad: ceil(M / BM)
   int32_t m_fast;   // wgrad: item order, m-tile fastest
+  int32_t pair_m;   // wgrad, CTA pairs: the pair shares the x tile (rank r takes m-tile unit * 2 + r; m_tiles then
+                    // counts pairs of m-tiles) instead of the dy tile (n-tile unit * 2 + r)
   int32_t prefetch; // wgrad: prefetch each dW tile into L2 (one tensor prefetch, SetMaps::pf) before adding to it
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing,
-                    // 3 = no epilogue (timing only)
+                    // 3 = no epilogue (timing only), 4 = wgrad pairs over m-tiles read the wrong x columns
   int32_t tail;     // wgrad: a row set's last k-block of an expert (WgradTail)
   int32_t odd_tail;   // fwd / dgrad, CTA pairs: an odd last m-tile over two n-tiles (MXTRAIN_GG_ODD_TAIL=pair)
   int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC); wgrad: the
@@ -235,8 +237,8 @@ struct Item {
   bool shared_b;         // fwd / dgrad, clusters: B is the pair's shared tile (multicast halves), else its own
 };
 
-// kCl CTAs (cluster ranks) share a unit: wgrad: rank r takes n-tile unit * kCl + r; forward / dgrad: row_unit
-// (sm90_row_units.hpp).
+// kCl CTAs (cluster ranks) share a unit: wgrad: rank r takes n-tile unit * kCl + r (p.pair_m: m-tile); forward /
+// dgrad: row_unit (sm90_row_units.hpp).
 template <Mode kMode, int BN, int kCl>
 __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int item, int& e, int rank) {
   while (item >= sc.cum[e + 1]) ++e;  // items of one CTA increase, so the expert only moves forward
@@ -248,8 +250,9 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
   if constexpr (kMode == Mode::kWgrad) {
     const int mt = p.m_fast ? local % p.m_tiles : local / p.n_units;
     const int nu = p.m_fast ? local / p.m_tiles : local % p.n_units;
-    it.m0 = mt * BM;
-    it.n0 = (nu * kCl + rank) * BN;
+    const bool pm = kCl > 1 && p.pair_m;
+    it.m0 = (pm ? mt * kCl + rank : mt) * BM;
+    it.n0 = (pm ? nu : nu * kCl + rank) * BN;
     it.row0 = sc.lo[e];
     it.row_hi = sc.hi[e];
     it.nk = sc.mtiles[e];
@@ -327,14 +330,23 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
         const int32_t r0 = cur.next(sc, p.E, it.e, valid);  // expert rows [r0, r0 + 64) of row set cur.s
         const CUtensorMap* ma = cur.s == 0 ? mA : &sm->a[cur.s - 1];
         const CUtensorMap* mb = cur.s == 0 ? mB : &sm->b[cur.s - 1];
-        if constexpr (kCl > 1) {
-          tma_load_2d_multicast(a + rank * kChunk, ma, bar, it.m0 + 64 * rank, r0, 0x3);
-        } else {
+        if (kCl > 1 && p.pair_m) {  // its own dy tile; its half of the pair's x tile, to both CTAs
+          constexpr int kHalf = BN / 128;
 #pragma unroll
           for (int c = 0; c < BM / 64; ++c) tma_load_2d(a + c * kChunk, ma, bar, it.m0 + 64 * c, r0);
-        }
 #pragma unroll
-        for (int c = 0; c < BN / 64; ++c) tma_load_2d(b + c * kChunk, mb, bar, it.n0 + 64 * c, r0);
+          for (int c = rank * kHalf; c < (rank + 1) * kHalf; ++c)
+            tma_load_2d_multicast(b + c * kChunk, mb, bar, it.n0 + 64 * c + (p.fault == 4 ? 64 : 0), r0, 0x3);
+        } else {
+          if (kCl > 1) {
+            tma_load_2d_multicast(a + rank * kChunk, ma, bar, it.m0 + 64 * rank, r0, 0x3);
+          } else {
+#pragma unroll
+            for (int c = 0; c < BM / 64; ++c) tma_load_2d(a + c * kChunk, ma, bar, it.m0 + 64 * c, r0);
+          }
+#pragma unroll
+          for (int c = 0; c < BN / 64; ++c) tma_load_2d(b + c * kChunk, mb, bar, it.n0 + 64 * c, r0);
+        }
       }
       if constexpr (kMode == Mode::kWgrad) {
         // A few k-blocks before the mainloop ends, pull this item's dW tile into L2 so the epilogue's add waits
@@ -822,6 +834,7 @@ std::atomic<int> g_store{0};  // 0: env, 1: TMA stores, 2: direct stores
 std::atomic<int> g_wgrad_tma{0};  // 0: env, 1: TMA reduce-adds, 2: red.global
 std::atomic<int> g_swiglu{0};     // 0: env, 1: SwiGLU fused into the expert GEMMs, 2: separate kernels
 std::atomic<int> g_wgrad_tail{-1};  // -1: env, else a WgradTail
+std::atomic<int> g_wgrad_pair{-1};  // -1: env, 0: pairs over n-tiles (share dy), 1: over m-tiles (share x)
 thread_local const char* g_last_impl = "none";
 
 // The index in `choices` of environment variable `var`'s value, read once per call site (unset or empty: 0); an
@@ -922,9 +935,20 @@ int wgrad_tail_mode() {
   return v;
 }
 
-// MXTRAIN_GG_FAULT=mask|tail breaks the kernels on purpose, so a GPU run can check that the tests catch it.
+// Wgrad CTA pairs: over two n-tiles sharing the dy tile (default; env MXTRAIN_GG_WGRAD_PAIR=n) or over two m-tiles
+// sharing the x tile (m). Session 30's ncu: the 8x7B trainer-shape W13 wgrad moves 60 GB from DRAM in pairs, 103 GB
+// in single CTAs, for 8 GB of operands and output; each tile loads 2 MB of dy and 4 MB of x, so sharing x halves the
+// larger part.
+int wgrad_pair_m() {
+  const int o = g_wgrad_pair.load();
+  if (o >= 0) return o;
+  static const int v = env_choice("MXTRAIN_GG_WGRAD_PAIR", {"n", "m"});
+  return v;
+}
+
+// MXTRAIN_GG_FAULT=mask|tail|pairm breaks the kernels on purpose, so a GPU run can check that the tests catch it.
 int fault_injection() {
-  static const int v = env_choice("MXTRAIN_GG_FAULT", {"none", "mask", "tail", "noepi"});
+  static const int v = env_choice("MXTRAIN_GG_FAULT", {"none", "mask", "tail", "noepi", "pairm"});
   return v;
 }
 
@@ -1187,6 +1211,11 @@ void set_grouped_wgrad_tail(int mode) {
     cuda::fail("grouped_gemm_wgrad", "tail mode must be -1, 0, 1 or 2, got " + std::to_string(mode));
   g_wgrad_tail.store(mode);
 }
+void set_grouped_wgrad_pair(int mode) {
+  if (mode < -1 || mode > 1)
+    cuda::fail("grouped_gemm_wgrad", "pair mode must be -1, 0 or 1, got " + std::to_string(mode));
+  g_wgrad_pair.store(mode);
+}
 const char* last_grouped_impl() { return g_last_impl; }
 void note_grouped_impl(const char* impl) { g_last_impl = impl; }
 
@@ -1222,7 +1251,10 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
   if (!aligned(dW, 16)) return false;
   const int bn = tile_n(), cl = cluster_size(2);
   const int64_t M = out, N = in;
-  const int64_t m_tiles = (M + BM - 1) / BM, n_units = ((N + bn - 1) / bn + cl - 1) / cl;
+  // Pairs over m-tiles where they divide evenly (else over n-tiles): m_tiles and n_units count the units' m and n.
+  const int64_t all_m = (M + BM - 1) / BM, all_n = (N + bn - 1) / bn;
+  const bool pair_m = cl == 2 && all_m % 2 == 0 && wgrad_pair_m() == 1;
+  const int64_t m_tiles = pair_m ? all_m / 2 : all_m, n_units = pair_m ? all_n : (all_n + cl - 1) / cl;
   const int64_t max_units = E * m_tiles * n_units;
   if (max_units > INT32_MAX) return false;
 
@@ -1275,6 +1307,7 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
     p.n_units = static_cast<int32_t>(n_units);
     p.m_tiles = static_cast<int32_t>(m_tiles);
     p.m_fast = M <= N ? 1 : 0;
+    p.pair_m = pair_m ? 1 : 0;
     p.prefetch = p.overwrite ? 0 : wgrad_prefetch();  // nothing to read when storing
     p.tma_store = wgrad_tma_epilogue() ? 1 : 0;
     p.fault = fault_injection();

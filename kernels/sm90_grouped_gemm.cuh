@@ -41,6 +41,10 @@ void set_grouped_swiglu_fusion(int on);
 // zeroing up to 15 rows of its dy chunk (default; env MXTRAIN_GG_WGRAD_TAIL=steps), 1 = zero the other rows of both
 // operands, all 4 wgmmas (zero), 2 = leave them (wrong sums: timing only), -1 restores the env var's choice.
 void set_grouped_wgrad_tail(int mode);
+// Weight-gradient CTA pairs: 0 = over two n-tiles sharing the dy tile (default; env MXTRAIN_GG_WGRAD_PAIR=n), 1 = over
+// two m-tiles sharing the x tile (m; where the m-tiles pair evenly, else over n-tiles), -1 restores the env var's
+// choice.
+void set_grouped_wgrad_pair(int mode);
 // What the last grouped GEMM call of this thread ran: "sm90" or "wmma" (tests assert the path they meant).
 const char* last_grouped_impl();
 void note_grouped_impl(const char* impl);

@@ -194,12 +194,14 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
                                        {256, 1, 0, "sm90 128x256 c1 direct"},
                                        {128, 1, 1, "sm90 128x128 c1"},
                                        {256, 2, 1, "sm90 128x256 c2"},
+                                       {256, 3, 1, "sm90 128x256 c2, wgrad pairs over m"},
                                        {128, 2, 1, "sm90 128x128 c2"}};
     for (const Variant& v : variants) {
-      if ((v.cl > 1 && !with_cluster) || g_trainer_wgrad) continue;
+      if ((v.cl > 1 && !with_cluster) || g_trainer_wgrad || (v.cl == 3 && op.kind != 2)) continue;
       mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
       mxt::sm90::set_grouped_tile_n(v.bn);
-      mxt::sm90::set_grouped_cluster(v.cl);
+      mxt::sm90::set_grouped_cluster(v.cl == 3 ? 2 : v.cl);
+      mxt::sm90::set_grouped_wgrad_pair(v.cl == 3 ? 1 : 0);
       mxt::sm90::set_grouped_tma_store(v.tma_store);
       mxt::sm90::set_grouped_wgrad_tma(v.tma_store);
       // Correctness first: against the per-expert cuBLASLt result (wgrad from zeroed dW on both sides).
@@ -334,11 +336,12 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       for (const auto& r : rs) ops.grouped_gemm_wgrad(r.dy, r.x, r.offsets, out2);
       // Each row set's last k-block of an expert: only its rows' k16 steps (steps, the default), both operands'
       // other rows zeroed (zero: before session 29), or left (none: wrong sums, what the tail costs by difference);
-      // 1 CTA and CTA pairs (the trainer's default).
+      // 1 CTA, CTA pairs (the trainer's default) over n-tiles, and pairs over m-tiles (c2m, the default tail only).
       const char* tails[] = {"steps", "zero", "none"};
-      for (const int cl : {1, 2}) {
-        mxt::sm90::set_grouped_cluster(cl);
-        for (int tail = 0; tail < 3; ++tail) {
+      for (const int cl : {1, 2, 3}) {
+        mxt::sm90::set_grouped_cluster(cl == 3 ? 2 : cl);
+        mxt::sm90::set_grouped_wgrad_pair(cl == 3 ? 1 : 0);
+        for (int tail = 0; tail < (cl == 3 ? 1 : 3); ++tail) {
           mxt::sm90::set_grouped_wgrad_tail(tail);
           ops.zero(out1);
           ops.grouped_gemm_wgrad_sets(rs, out1, true);
@@ -350,13 +353,14 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
           const Timing t =
               time_it(st, flush, flush_bytes, 3, runs, [&] { ops.grouped_gemm_wgrad_sets(rs, out1, true); });
           char name[96];
-          std::snprintf(name, sizeof(name), "sm90 c%d 8 distinct half row sets, tail %s (4x rows, the trainer's)",
-                        cl, tails[tail]);
+          std::snprintf(name, sizeof(name), "sm90 c%s 8 distinct half row sets, tail %s (4x rows, the trainer's)",
+                        cl == 3 ? "2m" : cl == 2 ? "2" : "1", tails[tail]);
           rows.push_back(Row{s.name, op.name, name, t, 4 * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
         }
       }
       mxt::sm90::set_grouped_wgrad_tail(-1);
       mxt::sm90::set_grouped_cluster(1);
+      mxt::sm90::set_grouped_wgrad_pair(-1);
       mxt::sm90::set_grouped_wgrad_tma(-1);
     }
     if (with_wmma) {
@@ -369,6 +373,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
     mxt::sm90::set_grouped_tma_store(-1);
     mxt::sm90::set_grouped_wgrad_tma(-1);
     mxt::sm90::set_grouped_swiglu_fusion(-1);
+    mxt::sm90::set_grouped_wgrad_pair(-1);
     const double dense_tf = rows[first].tflops, loop_tf = rows[first + 1].tflops;
     for (size_t i = first; i < rows.size(); ++i) {
       rows[i].vs_dense = rows[i].tflops / dense_tf;

@@ -29,8 +29,16 @@ struct Guard {
     sm90::set_grouped_cluster(0);
     sm90::set_grouped_wgrad_tma(-1);
     sm90::set_grouped_wgrad_tail(-1);
+    sm90::set_grouped_wgrad_pair(-1);
   }
 };
+
+// Cluster code: 1 = one CTA, 2 = CTA pairs over n-tiles (sharing dy), 3 = pairs over m-tiles (sharing x) where the
+// m-tiles pair evenly.
+void use_cluster(int cl) {
+  sm90::set_grouped_cluster(cl == 3 ? 2 : cl);
+  sm90::set_grouped_wgrad_pair(cl == 3 ? 1 : 0);
+}
 
 // One row set: per-expert loads, padding rows past the last expert (NaN in dy and x).
 struct RowSet {
@@ -93,7 +101,7 @@ void check_sets(Ops& gpu, Ops& cpu, int64_t out, int64_t in, std::vector<RowSet>
   for (const bool accumulate : {true, false}) {
     const std::vector<float> ref = cpu_sets(cpu, sets, out, in, dw0, accumulate);
     for (int bn : {256, 128}) {
-      for (int cl : {1, 2}) {
+      for (int cl : {1, 2, 3}) {
        for (int tma : {1, 0}) {  // the epilogue: TMA reduce-adds / stores, or red.global / st.global
         if (!with_variants && (bn != 256 || cl != 1)) continue;
         SCOPED_TRACE("out " + std::to_string(out) + " in " + std::to_string(in) + " sets " +
@@ -101,7 +109,7 @@ void check_sets(Ops& gpu, Ops& cpu, int64_t out, int64_t in, std::vector<RowSet>
                      (tma ? " TMA" : " direct") + (accumulate ? " accumulating" : " overwriting"));
         Guard guard;
         sm90::set_grouped_tile_n(bn);
-        sm90::set_grouped_cluster(cl);
+        use_cluster(cl);
         sm90::set_grouped_wgrad_tma(tma);
         const std::vector<float> got = gpu_sets(gpu, sets, out, in, dw0, accumulate);
         EXPECT_CLOSE_REL(got, ref, 1e-5);
@@ -171,13 +179,13 @@ TEST(CudaExpertWgradGroup, TailStepsAgreeWithZeroedTails) {
   const auto dw0 = randn(E * out * in, 87);
   const std::vector<float> ref = cpu_sets(cpu, sets, out, in, dw0, true);
   for (int bn : {256, 128}) {
-    for (int cl : {1, 2}) {
+    for (int cl : {1, 2, 3}) {
       std::vector<float> got[2];
       for (int tail : {0, 1}) {  // steps, zero
         SCOPED_TRACE("BN " + std::to_string(bn) + " cluster " + std::to_string(cl) + (tail ? " zero" : " steps"));
         Guard guard;
         sm90::set_grouped_tile_n(bn);
-        sm90::set_grouped_cluster(cl);
+        use_cluster(cl);
         sm90::set_grouped_wgrad_tail(tail);
         got[tail] = gpu_sets(gpu, sets, out, in, dw0, true);
         EXPECT_CLOSE_REL(got[tail], ref, 1e-5);

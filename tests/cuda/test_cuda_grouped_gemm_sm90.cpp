@@ -39,8 +39,16 @@ struct ImplGuard {
     sm90::set_grouped_cluster(0);
     sm90::set_grouped_tma_store(-1);
     sm90::set_grouped_wgrad_tma(-1);
+    sm90::set_grouped_wgrad_pair(-1);
   }
 };
+
+// Cluster code: 1 = one CTA, 2 = CTA pairs (the wgrad's over n-tiles, sharing dy), 3 = CTA pairs with the wgrad's
+// over m-tiles (sharing x; where the m-tiles pair evenly, else over n-tiles).
+void use_cluster(int cl) {
+  sm90::set_grouped_cluster(cl == 3 ? 2 : cl);
+  sm90::set_grouped_wgrad_pair(cl == 3 ? 1 : 0);
+}
 
 struct Case {
   int64_t in, out;
@@ -53,7 +61,8 @@ std::string describe(const Case& c, int bn, int cl) {
                   std::to_string(c.loads.size()) + " loads={";
   for (size_t e = 0; e < c.loads.size() && e < 12; ++e) s += (e ? "," : "") + std::to_string(c.loads[e]);
   if (c.loads.size() > 12) s += ",...";
-  return s + "} padding=" + std::to_string(c.padding) + " BN=" + std::to_string(bn) + " cluster=" + std::to_string(cl);
+  return s + "} padding=" + std::to_string(c.padding) + " BN=" + std::to_string(bn) +
+         (cl == 3 ? " cluster=2, wgrad pairs over m-tiles" : " cluster=" + std::to_string(cl));
 }
 
 std::vector<float> rounded(size_t n, uint32_t seed, float scale = 1.f) {
@@ -110,7 +119,7 @@ void check_case(Ops& gpu, Ops& cpu, const Case& c, int bn, int cl, uint32_t seed
   SCOPED_TRACE(describe(c, bn, cl));
   ImplGuard guard;
   sm90::set_grouped_tile_n(bn);
-  sm90::set_grouped_cluster(cl);
+  use_cluster(cl);
   const int64_t E = static_cast<int64_t>(c.loads.size());
   std::vector<int32_t> off(E + 1, 0);
   for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + c.loads[e];
@@ -160,10 +169,11 @@ void check_both_tiles(Ops& gpu, Ops& cpu, const Case& c, int cl, uint32_t seed) 
   for (int bn : {256, 128}) check_case(gpu, cpu, c, bn, cl, seed + static_cast<uint32_t>(bn + 1000 * cl));
 }
 
-// The correctness tests run once per cluster size: .../0 = 1 CTA, .../1 = clusters of 2 (TMA multicast), so a
-// run can take the plain kernels alone (--gtest_filter='*Sm90*/0').
+// The correctness tests run once per cluster code (use_cluster): .../0 = 1 CTA, .../1 = clusters of 2 (TMA
+// multicast), .../2 = clusters of 2 with the wgrad's pairs over m-tiles, so a run can take the plain kernels alone
+// (--gtest_filter='*Sm90*/0').
 class CudaGroupedGemmSm90 : public ::testing::TestWithParam<int> {};
-INSTANTIATE_TEST_SUITE_P(Cluster, CudaGroupedGemmSm90, ::testing::Values(1, 2));
+INSTANTIATE_TEST_SUITE_P(Cluster, CudaGroupedGemmSm90, ::testing::Values(1, 2, 3));
 
 TEST_P(CudaGroupedGemmSm90, SmallShapesNotMultiplesOfTheTile) {
   MXT_REQUIRE_SM90();
@@ -253,7 +263,7 @@ TEST_P(CudaGroupedGemmSm90, Deterministic) {
   const int64_t R = off[E] + c.padding;
   auto x = rounded(R * c.in, 51), w = rounded(E * c.out * c.in, 52, 0.05f), dy = rounded(R * c.out, 53);
   auto dw0 = randn(E * c.out * c.in, 54);
-  sm90::set_grouped_cluster(GetParam());
+  use_cluster(GetParam());
   const Outputs a = run_device(*gpu, c, off, x, w, dy, dw0, sm90::GroupedImpl::Sm90);
   const Outputs b = run_device(*gpu, c, off, x, w, dy, dw0, sm90::GroupedImpl::Sm90);
   EXPECT_EQ(std::memcmp(a.y.data(), b.y.data(), a.y.size() * 4), 0);
