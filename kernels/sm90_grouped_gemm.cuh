@@ -23,9 +23,9 @@ enum class GroupedImpl { Auto, Wmma, Sm90 };
 void set_grouped_impl(GroupedImpl impl);
 // The N width of the sm90 block tile: 256 (default; env MXTRAIN_GG_BN) or 128. 0 restores the default.
 void set_grouped_tile_n(int bn);
-// CTAs per cluster: 2 (default; env MXTRAIN_GG_CLUSTER; pairs share a tile through TMA multicast: the weight tile in
-// the forward and dgrad, the dy tile in the wgrad) or 1; MXTRAIN_GG_CLUSTER_FWD / _DGRAD / _WGRAD override the env
-// var for one direction. Set here, it holds for all three; 0 restores the env vars' choice.
+// CTAs per cluster: 2 (default; env MXTRAIN_GG_CLUSTER; pairs share a tile through TMA multicast: the weight tile
+// in the forward and dgrad, the x tile in the wgrad, set_grouped_wgrad_pair) or 1; MXTRAIN_GG_CLUSTER_FWD / _DGRAD /
+// _WGRAD override the env var for one direction. Set here, it holds for all three; 0 restores the env vars' choice.
 void set_grouped_cluster(int ctas);
 // Forward / dgrad epilogue: 1 = TMA stores (default; env MXTRAIN_GG_STORE=tma), 0 = direct register stores
 // (MXTRAIN_GG_STORE=direct), -1 restores the env var's choice.
@@ -41,8 +41,8 @@ void set_grouped_swiglu_fusion(int on);
 // zeroing up to 15 rows of its dy chunk (default; env MXTRAIN_GG_WGRAD_TAIL=steps), 1 = zero the other rows of both
 // operands, all 4 wgmmas (zero), 2 = leave them (wrong sums: timing only), -1 restores the env var's choice.
 void set_grouped_wgrad_tail(int mode);
-// Weight-gradient CTA pairs: 0 = over two n-tiles sharing the dy tile (default; env MXTRAIN_GG_WGRAD_PAIR=n), 1 = over
-// two m-tiles sharing the x tile (m; where the m-tiles pair evenly, else over n-tiles), -1 restores the env var's
+// Weight-gradient CTA pairs: 1 = over two m-tiles sharing the x tile (default; env MXTRAIN_GG_WGRAD_PAIR=m; where the
+// m-tiles pair evenly, else over n-tiles), 0 = over two n-tiles sharing the dy tile (n), -1 restores the env var's
 // choice.
 void set_grouped_wgrad_pair(int mode);
 // What the last grouped GEMM call of this thread ran: "sm90" or "wmma" (tests assert the path they meant).
