@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -519,7 +520,8 @@ TEST(CudaBasicOps, AdamWMatchesCpu) {
 }
 
 // The fused step writes the working copy as the separate copy would, bit for bit: bf16 and f32 copies, a copy shorter
-// than the master (its padding), a misaligned shard (the scalar path) and the float4 path's tail.
+// than the master (its padding), a misaligned shard (the scalar path), the float4 path's tail, and a working copy
+// misaligned against an aligned master (the float4 path's element-by-element stores).
 TEST(CudaBasicOps, AdamWStepToWritesTheWorkingCopyAsACopyWould) {
   MXT_REQUIRE_GPU();
   auto gpu = make_cuda_ops();
@@ -529,7 +531,7 @@ TEST(CudaBasicOps, AdamWStepToWritesTheWorkingCopyAsACopyWould) {
   s.step = 7;
   s.grad_scale = 0.8f;
   for (DType wt : {DType::BF16, DType::F32}) {
-    for (int64_t offset : {0, 3}) {
+    for (auto [offset, woff] : {std::pair<int64_t, int64_t>{0, 0}, {3, 0}, {0, 1}}) {
       const int64_t n = 100003, wn = n - 5;  // the last 5 elements: padding without a working copy
       auto p = randn(n + offset, 201), g = randn(n + offset, 202), m = randn(n + offset, 203, 0.1f);
       auto v = randn(n + offset, 204, 0.1f);
@@ -537,22 +539,23 @@ TEST(CudaBasicOps, AdamWStepToWritesTheWorkingCopyAsACopyWould) {
       auto run = [&](bool fused) {
         auto gp = upload(*gpu, p, DType::F32, {n + offset}), gg = upload(*gpu, g, DType::F32, {n + offset});
         auto gm = upload(*gpu, m, DType::F32, {n + offset}), gv = upload(*gpu, v, DType::F32, {n + offset});
-        auto w = upload(*gpu, std::vector<float>(wn + offset, -7.f), wt, {wn + offset});
+        auto w = upload(*gpu, std::vector<float>(wn + offset + woff, -7.f), wt, {wn + offset + woff});
         auto at = [&](const DeviceTensor& d, int64_t len) { return d.t.rows(offset, len); };
+        const Tensor wv = w.t.rows(offset + woff, wn);
         if (fused) {
-          gpu->adamw_step_to(at(gp, n), at(gg, n), at(gm, n), at(gv, n), s, at(w, wn));
+          gpu->adamw_step_to(at(gp, n), at(gg, n), at(gm, n), at(gv, n), s, wv);
         } else {
           gpu->adamw_step(at(gp, n), at(gg, n), at(gm, n), at(gv, n), s);
-          gpu->copy(at(gp, wn), at(w, wn));
+          gpu->copy(at(gp, wn), wv);
         }
         return std::make_pair(download(*gpu, gp.t), download(*gpu, w.t));
       };
       const auto [p_fused, w_fused] = run(true);
       const auto [p_ref, w_ref] = run(false);
-      EXPECT_EQ(p_fused, p_ref) << dtype_name(wt) << " offset " << offset;
-      EXPECT_EQ(w_fused, w_ref) << dtype_name(wt) << " offset " << offset;
+      EXPECT_EQ(p_fused, p_ref) << dtype_name(wt) << " offset " << offset << " working offset " << woff;
+      EXPECT_EQ(w_fused, w_ref) << dtype_name(wt) << " offset " << offset << " working offset " << woff;
       EXPECT_GT(rel_l2(p_fused, p), 1e-6);  // the step moved the master
-      for (int64_t i = 0; i < offset; ++i) EXPECT_EQ(w_fused[i], -7.f);  // before the shard: untouched
+      for (int64_t i = 0; i < offset + woff; ++i) EXPECT_EQ(w_fused[i], -7.f);  // before the shard: untouched
     }
   }
   // A working copy longer than the master is refused.
