@@ -147,11 +147,11 @@ struct Params {
   int32_t overwrite;                       // wgrad: dW = the sum (TMA stores) instead of dW += it
   int32_t N;        // output columns (fwd: out, dgrad: in, wgrad: in)
   int32_t K;        // fwd / dgrad: contraction length; wgrad: M (= out, rows of dW[e])
-  int32_t n_units;  // n-tiles per scheduling unit row: ceil(ceil(N / BN) / cluster size)
-  int32_t m_tiles;  // wgrad: ceil(M / BM)
+  int32_t n_units;  // n-tiles per scheduling unit row: ceil(ceil(N / BN) / cluster size) (wgrad pair_m: n-tiles)
+  int32_t m_tiles;  // wgrad: ceil(M / BM) (pair_m: pairs of m-tiles)
   int32_t m_fast;   // wgrad: item order, m-tile fastest
-  int32_t pair_m;   // wgrad, CTA pairs: the pair shares the x tile (rank r takes m-tile unit * 2 + r; m_tiles then
-                    // counts pairs of m-tiles) instead of the dy tile (n-tile unit * 2 + r)
+  int32_t pair_m;   // wgrad, CTA pairs: the pair shares the x tile (rank r takes m-tile unit * 2 + r) instead of the
+                    // dy tile (n-tile unit * 2 + r)
   int32_t prefetch; // wgrad: prefetch each dW tile into L2 (one tensor prefetch, SetMaps::pf) before adding to it
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing,
                     // 3 = no epilogue (timing only), 4 = wgrad pairs over m-tiles read the wrong x columns
