@@ -281,10 +281,13 @@ PY
     # step all of them run at the 700 W cap, so what differs per FLOP (L2, shared memory, DRAM traffic) is what
     # the expert GEMMs' 0.88 of the LM head's rate (session 29) is made of. GGNCU_BENCH=--trainer-wgrad profiles the
     # weight gradient in the trainer's shape instead (8 micro-batches per call, each tail mode and cluster size).
+    # ggncu_launches.txt lists every launch with its DRAM bytes read and written and its L2 hit rate (session 30 read
+    # the DRAM traffic as throughput x duration: the forward W13 moved 9.0 GB against cuBLASLt's 4.4).
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     CUDA_VISIBLE_DEVICES=0 timeout ${GGNCU_TIMEOUT:-400} "$NCU" --clock-control none --section SpeedOfLight \
-      --section MemoryWorkloadAnalysis --kernel-name-base demangled -k regex:'grouped_sm90_kernel|nvjet|xmma' \
-      --launch-count ${GGNCU_LAUNCHES:-60} --csv --log-file "$OUT/ggncu.csv" \
+      --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \
+      --kernel-name-base demangled -k regex:'grouped_sm90_kernel|nvjet|xmma' \
+      --launch-count ${GGNCU_LAUNCHES:-120} --csv --log-file "$OUT/ggncu.csv" \
       "$BIN_DIR/bench_grouped_gemm" --no-wmma --shape 8x7B ${GGNCU_BENCH:---ops fwd} --runs 1 >"$OUT/ggncu_bench.log" 2>&1
     add "ncu grouped GEMM vs cuBLASLt" "rc=$?"
     python3 - "$OUT/ggncu.csv" <<'PY' | tee "$OUT/ggncu.txt"
@@ -300,6 +303,29 @@ for r in csv.DictReader(rows):
 for name, m in vals.items():
     n = max(len(v) for v in m.values())
     print(f"{name} (x{n}): " + ", ".join(f"{k} {sum(v) / len(v):.4g}" for k, v in sorted(m.items())))
+PY
+    python3 - "$OUT/ggncu.csv" <<'PY' >"$OUT/ggncu_launches.txt"
+import csv, math, re, sys
+rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
+to_gb = {"byte": 1e-9, "Kbyte": 1e-6, "Mbyte": 1e-3, "Gbyte": 1.0}
+to_ms = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
+launches = {}
+for r in csv.DictReader(rows):
+    d = launches.setdefault(int(r["ID"]), {"name": re.sub(r"\(.*", "", r["Kernel Name"])[:60], "grid": r.get("Grid Size", "?")})
+    try:
+        v = float(r["Metric Value"].replace(",", ""))
+    except ValueError:
+        continue
+    name, unit = r["Metric Name"], r["Metric Unit"]
+    if name.startswith("dram__bytes"): v *= to_gb.get(unit, math.nan)
+    if name == "Duration": v *= to_ms.get(unit, math.nan)
+    if name == "SM Frequency": v *= {"hz": 1e-6, "Mhz": 1.0, "Ghz": 1e3}.get(unit, math.nan)
+    d[name] = v
+print("id | kernel | grid | ms | DRAM read GB | DRAM write GB | L2 hit % | SM MHz")
+for i, d in sorted(launches.items()):
+    g = lambda k: d.get(k, math.nan)
+    print(f"{i} | {d['name']} | {d['grid']} | {g('Duration'):.3f} | {g('dram__bytes_read.sum'):.2f} | "
+          f"{g('dram__bytes_write.sum'):.2f} | {g('lts__t_sector_hit_rate.pct'):.1f} | {g('SM Frequency'):.0f}")
 PY
     ;;
   cuda)
