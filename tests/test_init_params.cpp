@@ -57,6 +57,22 @@ TEST(InitParams, LongTensorsContinueInChunksOfTheirOwn) {
   for (int64_t i = 0; i < norm.numel; ++i) ASSERT_EQ(dense[norm.offset + i], 1.f);
 }
 
+// Into uninitialised buffers (the trainer's path): every element written, the same values as the vectors get.
+TEST(InitParams, RawBuffersGetEveryElementAndTheVectorsValues) {
+  const ModelConfig m = testing::tiny_model(kChunk / 32 + 7, 32, 48);  // one tensor over a chunk
+  const ParamLayout layout = ParamLayout::build(m, 1, 2);              // experts 1 and 2 of 4
+  std::vector<float> dense, expert;
+  init_params_host(layout, m, 99, dense, expert);
+  std::vector<float> raw_dense(layout.dense_numel, std::nanf("")), raw_expert(layout.expert_numel, std::nanf(""));
+  init_params_host(layout, m, 99, raw_dense.data(), raw_expert.data());
+  int64_t unwritten = 0;
+  for (float x : raw_dense) unwritten += std::isnan(x);
+  for (float x : raw_expert) unwritten += std::isnan(x);
+  EXPECT_EQ(unwritten, 0);
+  EXPECT_TRUE(raw_dense == dense);
+  EXPECT_TRUE(raw_expert == expert);
+}
+
 TEST(InitParams, ChunkSeedsDifferPerChunkAndStream) {
   EXPECT_EQ(init_chunk_seed(77, 0), 77u);
   EXPECT_NE(init_chunk_seed(77, 1), init_chunk_seed(77, 2));

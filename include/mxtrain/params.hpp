@@ -61,6 +61,10 @@ ModelTensors bind_tensors(const ParamLayout& layout, const ModelConfig& m, const
 // (init_chunk_seed), drawn in parallel. Writes host F32 arrays sized like the flat buffers.
 void init_params_host(const ParamLayout& layout, const ModelConfig& m, uint64_t seed,
                       std::vector<float>& dense, std::vector<float>& expert);
+// The same into buffers of dense_numel and expert_numel floats, every element written. Uninitialised buffers are
+// fine and faster: each thread first touches the pages it draws into (a zero-filled 16 GB vector cost seconds on
+// one thread before the draws began).
+void init_params_host(const ParamLayout& layout, const ModelConfig& m, uint64_t seed, float* dense, float* expert);
 // The seed of a stream's chunk of 2^24 values; chunk 0 keeps the stream's own seed.
 uint64_t init_chunk_seed(uint64_t stream_seed, int64_t chunk);
 

@@ -33,8 +33,12 @@ uint64_t init_chunk_seed(uint64_t stream_seed, int64_t chunk) {
 
 void init_params_host(const ParamLayout& layout, const ModelConfig& m, uint64_t seed,
                       std::vector<float>& dense, std::vector<float>& expert) {
-  dense.assign(layout.dense_numel, 0.f);
-  expert.assign(layout.expert_numel, 0.f);
+  dense.resize(layout.dense_numel);
+  expert.resize(layout.expert_numel);
+  init_params_host(layout, m, seed, dense.data(), expert.data());
+}
+
+void init_params_host(const ParamLayout& layout, const ModelConfig& m, uint64_t seed, float* dense, float* expert) {
   const double stdv = m.initializer_range;
   std::vector<Draw> draws;
   auto add_stream = [&](float* dst, int64_t n, uint64_t stream_seed) {
@@ -43,7 +47,7 @@ void init_params_host(const ParamLayout& layout, const ModelConfig& m, uint64_t 
                        init_chunk_seed(stream_seed, c)});
   };
   for (const ParamInfo& p : layout.params) {
-    float* dst = (p.expert ? expert.data() : dense.data()) + p.offset;
+    float* dst = (p.expert ? expert : dense) + p.offset;
     if (p.is_norm) {
       std::fill(dst, dst + p.numel, 1.f);
     } else if (!p.expert) {

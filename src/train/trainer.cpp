@@ -101,26 +101,36 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   using clock = std::chrono::steady_clock;
   auto secs = [](clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); };
   auto t0 = clock::now();
-  std::vector<float> dense, expert;
+  // Drawn weights go to buffers that are never zero-filled first, so the drawing threads touch their own pages.
+  std::unique_ptr<float[]> drawn_dense, drawn_expert;
+  std::vector<float> read_dense, read_expert;
+  const float *dense, *expert;
   if (cfg.init_from_pretrained.empty()) {
-    init_params_host(layout_, cfg.model, cfg.seed, dense, expert);
+    drawn_dense.reset(new float[layout_.dense_numel]);
+    drawn_expert.reset(new float[layout_.expert_numel]);
+    init_params_host(layout_, cfg.model, cfg.seed, drawn_dense.get(), drawn_expert.get());
+    dense = drawn_dense.get();
+    expert = drawn_expert.get();
   } else {
-    import_hf_weights(cfg.init_from_pretrained, layout_, cfg.model, dense, expert);
+    import_hf_weights(cfg.init_from_pretrained, layout_, cfg.model, read_dense, read_expert);
     if (rank_ == 0) spdlog::info("weights from {}", cfg.init_from_pretrained);
+    dense = read_dense.data();
+    expert = read_expert.data();
   }
   const double init_s = secs(t0);
   t0 = clock::now();
+  const size_t dense_n = static_cast<size_t>(layout_.dense_numel), expert_n = static_cast<size_t>(layout_.expert_numel);
   if (dense_master_sharded_) {  // this rank's shard (its part past dense_numel is padding, left zero)
     const int64_t n = std::clamp<int64_t>(layout_.dense_numel - dense_shard_.offset, 0, dense_shard_.shard);
-    ops_.upload(dense_.master.data, dense.data() + dense_shard_.offset, static_cast<size_t>(n) * sizeof(float));
+    ops_.upload(dense_.master.data, dense + dense_shard_.offset, static_cast<size_t>(n) * sizeof(float));
   } else {
-    ops_.upload(dense_.master.data, dense.data(), dense.size() * sizeof(float));
+    ops_.upload(dense_.master.data, dense, dense_n * sizeof(float));
   }
-  ops_.upload(expert_.master.data, expert.data(), expert.size() * sizeof(float));
+  ops_.upload(expert_.master.data, expert, expert_n * sizeof(float));
   refresh_working_weights();  // with a sharded dense master: the working copy all-gathered from the shards
   ops_.synchronize();
   const double upload_s = secs(t0);
-  const double upload_gb = static_cast<double>(dense.size() + expert.size()) * sizeof(float) / 1e9;
+  const double upload_gb = static_cast<double>(dense_n + expert_n) * sizeof(float) / 1e9;
   t0 = clock::now();
 
   const ExpertParallel ep{groups_->ep.get(), groups_->ep_host.get(), groups_->layout.ep_rank,
