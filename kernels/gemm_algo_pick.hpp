@@ -4,6 +4,7 @@
 // @65536 at a 128,256-token vocabulary). An experiment's knob: under the H200's power cap the fastest algorithm of
 // a short call need not be the one that holds the highest clock (session 24's CTA pairs). Host only; parsed once
 // by gemm_cublaslt.cu, tested on the CPU (tests/cuda/test_gemm_algo_pick.cpp).
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -13,10 +14,7 @@ namespace mxt {
 struct GemmAlgoPick {
   int index = 0;          // the heuristic's k-th algorithm (the last found where it offers fewer)
   int64_t min_dim = 0;    // for GEMMs with max(M, N, K) >= min_dim
-  bool applies(int64_t M, int64_t N, int64_t K) const {
-    const int64_t m = M > N ? M : N;
-    return index > 0 && (m > K ? m : K) >= min_dim;
-  }
+  bool applies(int64_t M, int64_t N, int64_t K) const { return index > 0 && std::max({M, N, K}) >= min_dim; }
 };
 
 // Parses the variable's value (null or empty: the default); an error naming the variable and the value otherwise.

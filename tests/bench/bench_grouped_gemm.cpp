@@ -36,6 +36,7 @@
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
 #include "mxtrain/device_info.hpp"
+#include "sm90_cluster_code.hpp"
 #include "sm90_grouped_gemm.cuh"
 
 namespace {
@@ -185,7 +186,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
     add_row("cublasLt loop", time_it(st, flush, flush_bytes, 3, runs, [&] { loop(out2); }), "");
 
     struct Variant {
-      int bn, cl, tma_store;
+      int bn, cl, tma_store;  // cl: a cluster code (sm90_cluster_code.hpp)
       const char* name;
     };
     // tma_store: the TMA epilogue (forward / dgrad: TMA stores; wgrad: TMA reduce-adds), else direct from the
@@ -200,8 +201,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       if ((v.cl > 1 && !with_cluster) || g_trainer_wgrad || (v.cl == 3 && op.kind != 2)) continue;
       mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
       mxt::sm90::set_grouped_tile_n(v.bn);
-      mxt::sm90::set_grouped_cluster(v.cl == 3 ? 2 : v.cl);
-      mxt::sm90::set_grouped_wgrad_pair(v.cl == 3 ? 1 : 0);
+      mxt::sm90::use_cluster_code(v.cl);
       mxt::sm90::set_grouped_tma_store(v.tma_store);
       mxt::sm90::set_grouped_wgrad_tma(v.tma_store);
       // Correctness first: against the per-expert cuBLASLt result (wgrad from zeroed dW on both sides).
@@ -339,8 +339,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       // 1 CTA, CTA pairs (the trainer's default) over n-tiles, and pairs over m-tiles (c2m, the default tail only).
       const char* tails[] = {"steps", "zero", "none"};
       for (const int cl : {1, 2, 3}) {
-        mxt::sm90::set_grouped_cluster(cl == 3 ? 2 : cl);
-        mxt::sm90::set_grouped_wgrad_pair(cl == 3 ? 1 : 0);
+        mxt::sm90::use_cluster_code(cl);
         for (int tail = 0; tail < (cl == 3 ? 1 : 3); ++tail) {
           mxt::sm90::set_grouped_wgrad_tail(tail);
           ops.zero(out1);
@@ -354,7 +353,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
               time_it(st, flush, flush_bytes, 3, runs, [&] { ops.grouped_gemm_wgrad_sets(rs, out1, true); });
           char name[96];
           std::snprintf(name, sizeof(name), "sm90 c%s 8 distinct half row sets, tail %s (4x rows, the trainer's)",
-                        cl == 3 ? "2m" : cl == 2 ? "2" : "1", tails[tail]);
+                        mxt::sm90::cluster_code_name(cl), tails[tail]);
           rows.push_back(Row{s.name, op.name, name, t, 4 * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
         }
       }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda_test_util.hpp"
+#include "sm90_cluster_code.hpp"
 #include "sm90_grouped_gemm.cuh"
 #include "tiny_config.hpp"
 #include "trained_run.hpp"
@@ -32,13 +33,6 @@ struct Guard {
     sm90::set_grouped_wgrad_pair(-1);
   }
 };
-
-// Cluster code: 1 = one CTA, 2 = CTA pairs over n-tiles (sharing dy), 3 = pairs over m-tiles (sharing x) where the
-// m-tiles pair evenly.
-void use_cluster(int cl) {
-  sm90::set_grouped_cluster(cl == 3 ? 2 : cl);
-  sm90::set_grouped_wgrad_pair(cl == 3 ? 1 : 0);
-}
 
 // One row set: per-expert loads, padding rows past the last expert (NaN in dy and x).
 struct RowSet {
@@ -105,11 +99,11 @@ void check_sets(Ops& gpu, Ops& cpu, int64_t out, int64_t in, std::vector<RowSet>
        for (int tma : {1, 0}) {  // the epilogue: TMA reduce-adds / stores, or red.global / st.global
         if (!with_variants && (bn != 256 || cl != 1)) continue;
         SCOPED_TRACE("out " + std::to_string(out) + " in " + std::to_string(in) + " sets " +
-                     std::to_string(sets.size()) + " BN " + std::to_string(bn) + " cluster " + std::to_string(cl) +
+                     std::to_string(sets.size()) + " BN " + std::to_string(bn) + " cluster " + sm90::cluster_code_name(cl) +
                      (tma ? " TMA" : " direct") + (accumulate ? " accumulating" : " overwriting"));
         Guard guard;
         sm90::set_grouped_tile_n(bn);
-        use_cluster(cl);
+        sm90::use_cluster_code(cl);
         sm90::set_grouped_wgrad_tma(tma);
         const std::vector<float> got = gpu_sets(gpu, sets, out, in, dw0, accumulate);
         EXPECT_CLOSE_REL(got, ref, 1e-5);
@@ -182,10 +176,10 @@ TEST(CudaExpertWgradGroup, TailStepsAgreeWithZeroedTails) {
     for (int cl : {1, 2, 3}) {
       std::vector<float> got[2];
       for (int tail : {0, 1}) {  // steps, zero
-        SCOPED_TRACE("BN " + std::to_string(bn) + " cluster " + std::to_string(cl) + (tail ? " zero" : " steps"));
+        SCOPED_TRACE("BN " + std::to_string(bn) + " cluster " + sm90::cluster_code_name(cl) + (tail ? " zero" : " steps"));
         Guard guard;
         sm90::set_grouped_tile_n(bn);
-        use_cluster(cl);
+        sm90::use_cluster_code(cl);
         sm90::set_grouped_wgrad_tail(tail);
         got[tail] = gpu_sets(gpu, sets, out, in, dw0, true);
         EXPECT_CLOSE_REL(got[tail], ref, 1e-5);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cuda_test_util.hpp"
+#include "sm90_cluster_code.hpp"
 #include "sm90_grouped_gemm.cuh"
 
 namespace mxt::testing {
@@ -43,13 +44,6 @@ struct ImplGuard {
   }
 };
 
-// Cluster code: 1 = one CTA, 2 = CTA pairs (the wgrad's over n-tiles, sharing dy), 3 = CTA pairs with the wgrad's
-// over m-tiles (sharing x; where the m-tiles pair evenly, else over n-tiles).
-void use_cluster(int cl) {
-  sm90::set_grouped_cluster(cl == 3 ? 2 : cl);
-  sm90::set_grouped_wgrad_pair(cl == 3 ? 1 : 0);
-}
-
 struct Case {
   int64_t in, out;
   std::vector<int32_t> loads;  // rows per expert
@@ -62,7 +56,7 @@ std::string describe(const Case& c, int bn, int cl) {
   for (size_t e = 0; e < c.loads.size() && e < 12; ++e) s += (e ? "," : "") + std::to_string(c.loads[e]);
   if (c.loads.size() > 12) s += ",...";
   return s + "} padding=" + std::to_string(c.padding) + " BN=" + std::to_string(bn) +
-         (cl == 3 ? " cluster=2, wgrad pairs over m-tiles" : " cluster=" + std::to_string(cl));
+         " cluster=" + sm90::cluster_code_name(cl);
 }
 
 std::vector<float> rounded(size_t n, uint32_t seed, float scale = 1.f) {
@@ -119,7 +113,7 @@ void check_case(Ops& gpu, Ops& cpu, const Case& c, int bn, int cl, uint32_t seed
   SCOPED_TRACE(describe(c, bn, cl));
   ImplGuard guard;
   sm90::set_grouped_tile_n(bn);
-  use_cluster(cl);
+  sm90::use_cluster_code(cl);
   const int64_t E = static_cast<int64_t>(c.loads.size());
   std::vector<int32_t> off(E + 1, 0);
   for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + c.loads[e];
@@ -169,7 +163,7 @@ void check_both_tiles(Ops& gpu, Ops& cpu, const Case& c, int cl, uint32_t seed) 
   for (int bn : {256, 128}) check_case(gpu, cpu, c, bn, cl, seed + static_cast<uint32_t>(bn + 1000 * cl));
 }
 
-// The correctness tests run once per cluster code (use_cluster): .../0 = 1 CTA, .../1 = clusters of 2 (TMA
+// The correctness tests run once per cluster code (sm90_cluster_code.hpp): .../0 = 1 CTA, .../1 = clusters of 2 (TMA
 // multicast), .../2 = clusters of 2 with the wgrad's pairs over m-tiles, so a run can take the plain kernels alone
 // (--gtest_filter='*Sm90*/0').
 class CudaGroupedGemmSm90 : public ::testing::TestWithParam<int> {};
@@ -263,7 +257,7 @@ TEST_P(CudaGroupedGemmSm90, Deterministic) {
   const int64_t R = off[E] + c.padding;
   auto x = rounded(R * c.in, 51), w = rounded(E * c.out * c.in, 52, 0.05f), dy = rounded(R * c.out, 53);
   auto dw0 = randn(E * c.out * c.in, 54);
-  use_cluster(GetParam());
+  sm90::use_cluster_code(GetParam());
   const Outputs a = run_device(*gpu, c, off, x, w, dy, dw0, sm90::GroupedImpl::Sm90);
   const Outputs b = run_device(*gpu, c, off, x, w, dy, dw0, sm90::GroupedImpl::Sm90);
   EXPECT_EQ(std::memcmp(a.y.data(), b.y.data(), a.y.size() * 4), 0);
