@@ -150,6 +150,7 @@ struct Params {
   int32_t n_units;  // n-tiles per scheduling unit row: ceil(ceil(N / BN) / cluster size) (wgrad pair_m: n-tiles)
   int32_t m_tiles;  // wgrad: ceil(M / BM) (pair_m: pairs of m-tiles)
   int32_t m_fast;   // wgrad: item order, m-tile fastest
+  int32_t group;    // wgrad: the fast index walks groups of this many units (wgrad_unit; 0: one group)
   int32_t pair_m;   // wgrad, CTA pairs: the pair shares the x tile (rank r takes m-tile unit * 2 + r) instead of the
                     // dy tile (n-tile unit * 2 + r)
   int32_t prefetch; // wgrad: prefetch each dW tile into L2 (one tensor prefetch, SetMaps::pf) before adding to it
@@ -248,8 +249,9 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
   it.shared_b = kCl > 1;
   const int local = item - sc.cum[e];
   if constexpr (kMode == Mode::kWgrad) {
-    const int mt = p.m_fast ? local % p.m_tiles : local / p.n_units;
-    const int nu = p.m_fast ? local / p.m_tiles : local % p.n_units;
+    const WgradUnit u = p.m_fast ? wgrad_unit(local, p.m_tiles, p.n_units, p.group)
+                                 : wgrad_unit(local, p.n_units, p.m_tiles, p.group);
+    const int mt = p.m_fast ? u.fast : u.slow, nu = p.m_fast ? u.slow : u.fast;
     const bool pm = kCl > 1 && p.pair_m;
     it.m0 = (pm ? mt * kCl + rank : mt) * BM;
     it.n0 = (pm ? nu : nu * kCl + rank) * BN;
@@ -835,6 +837,7 @@ std::atomic<int> g_wgrad_tma{0};  // 0: env, 1: TMA reduce-adds, 2: red.global
 std::atomic<int> g_swiglu{0};     // 0: env, 1: SwiGLU fused into the expert GEMMs, 2: separate kernels
 std::atomic<int> g_wgrad_tail{-1};  // -1: env, else a WgradTail
 std::atomic<int> g_wgrad_pair{-1};  // -1: env, 0: pairs over n-tiles (share dy), 1: over m-tiles (share x)
+std::atomic<int> g_wgrad_group{-1};  // -1: env, else fast units per raster group (0: one group)
 thread_local const char* g_last_impl = "none";
 
 // The index in `choices` of environment variable `var`'s value, read once per call site (unset or empty: 0); an
@@ -944,6 +947,24 @@ int wgrad_pair_m() {
   const int o = g_wgrad_pair.load();
   if (o >= 0) return o;
   static const int v = env_choice("MXTRAIN_GG_WGRAD_PAIR", {"m", "n"}) == 0 ? 1 : 0;
+  return v;
+}
+
+// Wgrad raster: the fast index (n-tiles at W13's shape, m-tiles at W2's) walks groups of this many units
+// (wgrad_unit), env MXTRAIN_GG_WGRAD_GROUP=g (unset or 0: one group, the plain raster).
+int wgrad_group() {
+  const int o = g_wgrad_group.load();
+  if (o >= 0) return o;
+  static const int v = [] {
+    const char* s = std::getenv("MXTRAIN_GG_WGRAD_GROUP");
+    if (s == nullptr || *s == 0) return 0;
+    char* end = nullptr;
+    const long g = std::strtol(s, &end, 10);
+    if (*end != 0 || g < 0 || g > 4096)
+      cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_WGRAD_GROUP must be an integer in [0, 4096], got '") + s +
+                                     "'");
+    return static_cast<int>(g);
+  }();
   return v;
 }
 
@@ -1217,6 +1238,11 @@ void set_grouped_wgrad_pair(int mode) {
     cuda::fail("grouped_gemm_wgrad", "pair mode must be -1, 0 or 1, got " + std::to_string(mode));
   g_wgrad_pair.store(mode);
 }
+void set_grouped_wgrad_group(int units) {
+  if (units < -1)
+    cuda::fail("grouped_gemm_wgrad", "raster group must be -1 (env) or >= 0 units, got " + std::to_string(units));
+  g_wgrad_group.store(units);
+}
 const char* last_grouped_impl() { return g_last_impl; }
 void note_grouped_impl(const char* impl) { g_last_impl = impl; }
 
@@ -1308,6 +1334,7 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
     p.n_units = static_cast<int32_t>(n_units);
     p.m_tiles = static_cast<int32_t>(m_tiles);
     p.m_fast = M <= N ? 1 : 0;
+    p.group = wgrad_group();
     p.pair_m = pair_m ? 1 : 0;
     p.prefetch = p.overwrite ? 0 : wgrad_prefetch();  // nothing to read when storing
     p.tma_store = wgrad_tma_epilogue() ? 1 : 0;

@@ -45,6 +45,9 @@ void set_grouped_wgrad_tail(int mode);
 // m-tiles pair evenly, else over n-tiles), 0 = over two n-tiles sharing the dy tile (n), -1 restores the env var's
 // choice.
 void set_grouped_wgrad_pair(int mode);
+// Weight-gradient raster: the fast index walks groups of `units` (n-tiles or m-tile pairs; 0 = one group, the plain
+// raster; default: env MXTRAIN_GG_WGRAD_GROUP, else 0), -1 restores the env var's choice.
+void set_grouped_wgrad_group(int units);
 // What the last grouped GEMM call of this thread ran: "sm90" or "wmma" (tests assert the path they meant).
 const char* last_grouped_impl();
 void note_grouped_impl(const char* impl);

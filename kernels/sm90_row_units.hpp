@@ -35,4 +35,20 @@ __host__ __device__ inline RowUnit row_unit(int local, int mt, int n_tiles, int 
   return {(local % groups) * cl + rank, local / groups, cl > 1};
 }
 
+// Wgrad: the (slow, fast) unit of an expert's local item over nf fast x ns slow units. The fast index walks groups of
+// g units (g <= 0 or >= nf: one group, the plain raster), the slow index within a group, so the CTAs in flight
+// read the strips of at most g fast units, which stay in L2 while the slow index moves on (the wgrad's strips run
+// over all of the expert's rows: 4 MB each at 8x7B).
+struct WgradUnit {
+  int fast, slow;
+};
+
+__host__ __device__ inline WgradUnit wgrad_unit(int local, int nf, int ns, int g) {
+  if (g <= 0 || g > nf) g = nf;
+  const int block = g * ns, gi = local / block, full = nf / g;
+  const int w = gi < full ? g : nf - full * g;  // the last group holds what is left
+  const int r = local - gi * block;
+  return {gi * g + r % w, r / w};
+}
+
 }  // namespace mxt::sm90

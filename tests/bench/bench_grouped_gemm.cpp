@@ -17,6 +17,8 @@
 // --sustain S: also runs the W13 forward, dgrad and wgrad back to back for S seconds each as cuBLASLt's dense GEMM,
 // our 1-CTA and our CTA-pair kernel, printing one JSON line per run with its wall-clock window; sampled beside it
 // with nvidia-smi, scripts/gpu_samples.py gives each one's clock and power (an H200 is power-capped in training).
+// --wgrad-groups G,...: the trainer-shape wgrad rows also with the raster in groups of G fast units
+// (set_grouped_wgrad_group), each against the same single-call reference.
 //
 // Usage: bench_grouped_gemm [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--no-wmma] [--no-cluster] [--sustain S]
 #include <cuda_runtime.h>
@@ -28,6 +30,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -42,6 +45,7 @@
 namespace {
 
 int g_op_mask = 7;  // --ops: bit k runs the ops of kind k (0 forward, 1 dgrad, 2 wgrad)
+std::vector<int> g_wgrad_groups;  // --wgrad-groups 2,4,8: the trainer-shape wgrad also with those raster groups
 bool g_trainer_wgrad = false;  // --trainer-wgrad: the weight gradients' trainer-shape rows only (for ncu)
 
 using namespace mxt::bench;
@@ -338,9 +342,16 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       // other rows zeroed (zero: before session 29), or left (none: wrong sums, what the tail costs by difference);
       // 1 CTA, CTA pairs (the trainer's default) over n-tiles, and pairs over m-tiles (c2m, the default tail only).
       const char* tails[] = {"steps", "zero", "none"};
-      for (const int cl : {1, 2, 3}) {
+      // Then the default arrangement (c2m, tail steps) with the raster in groups of g fast units (g_wgrad_groups).
+      std::vector<std::pair<int, int>> variants;  // (cluster code, tail) or (3, -group)
+      for (const int cl : {1, 2, 3})
+        for (int tail = 0; tail < (cl == 3 ? 1 : 3); ++tail) variants.push_back({cl, tail});
+      for (const int g : g_wgrad_groups) variants.push_back({3, -g});
+      for (const auto& [cl, variant] : variants) {
         mxt::sm90::use_cluster_code(cl);
-        for (int tail = 0; tail < (cl == 3 ? 1 : 3); ++tail) {
+        const int tail = variant < 0 ? 0 : variant, group = variant < 0 ? -variant : 0;
+        mxt::sm90::set_grouped_wgrad_group(group);
+        {
           mxt::sm90::set_grouped_wgrad_tail(tail);
           ops.zero(out1);
           ops.grouped_gemm_wgrad_sets(rs, out1, true);
@@ -352,12 +363,17 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
           const Timing t =
               time_it(st, flush, flush_bytes, 3, runs, [&] { ops.grouped_gemm_wgrad_sets(rs, out1, true); });
           char name[96];
-          std::snprintf(name, sizeof(name), "sm90 c%s 8 distinct half row sets, tail %s (4x rows, the trainer's)",
-                        mxt::sm90::cluster_code_name(cl), tails[tail]);
+          if (variant < 0)
+            std::snprintf(name, sizeof(name), "sm90 c%s 8 distinct half row sets, raster groups of %d (4x rows)",
+                          mxt::sm90::cluster_code_name(cl), group);
+          else
+            std::snprintf(name, sizeof(name), "sm90 c%s 8 distinct half row sets, tail %s (4x rows, the trainer's)",
+                          mxt::sm90::cluster_code_name(cl), tails[tail]);
           rows.push_back(Row{s.name, op.name, name, t, 4 * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
         }
       }
       mxt::sm90::set_grouped_wgrad_tail(-1);
+      mxt::sm90::set_grouped_wgrad_group(-1);
       mxt::sm90::set_grouped_cluster(1);
       mxt::sm90::set_grouped_wgrad_pair(-1);
       mxt::sm90::set_grouped_wgrad_tma(-1);
@@ -407,6 +423,17 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench_grouped_gemm: bad --ops %s (a list of fwd, dgrad, wgrad, or all)\n", v.c_str());
         return 2;
       }
+    } else if (a == "--wgrad-groups" && i + 1 < argc) {
+      std::stringstream ss(argv[++i]);
+      for (std::string t; std::getline(ss, t, ',');) {
+        char* end = nullptr;
+        const long g = std::strtol(t.c_str(), &end, 10);
+        if (t.empty() || *end != 0 || g < 1) {
+          std::fprintf(stderr, "--wgrad-groups: '%s' is not a positive integer\n", t.c_str());
+          return 2;
+        }
+        g_wgrad_groups.push_back(static_cast<int>(g));
+      }
     } else if (a == "--trainer-wgrad") {
       g_trainer_wgrad = true;
       g_op_mask = 4;
@@ -419,7 +446,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--ops fwd,dgrad,wgrad] [--trainer-wgrad] "
-                   "[--no-wmma] [--no-cluster] [--sustain S]\n",
+                   "[--no-wmma] [--no-cluster] [--sustain S] [--wgrad-groups G,...]\n",
                    argv[0]);
       return 2;
     }

@@ -31,6 +31,7 @@ struct Guard {
     sm90::set_grouped_wgrad_tma(-1);
     sm90::set_grouped_wgrad_tail(-1);
     sm90::set_grouped_wgrad_pair(-1);
+    sm90::set_grouped_wgrad_group(-1);
   }
 };
 
@@ -187,6 +188,42 @@ TEST(CudaExpertWgradGroup, TailStepsAgreeWithZeroedTails) {
       int64_t differ = 0;
       for (size_t i = 0; i < got[0].size(); ++i) differ += !(got[0][i] == got[1][i]);
       EXPECT_EQ(differ, 0) << "BN " << bn << " cluster " << cl << ": the tail modes' sums differ";
+    }
+  }
+}
+
+// The wgrad raster's groups (set_grouped_wgrad_group) change only which CTA computes which tile, when: every
+// group size gives the plain raster's sums bit for bit, along n (out > in: n-tiles fastest) and along m. Groups
+// of 1, 2, 3 (a remainder group), and past the fast units' count; 1 CTA and pairs over m- and n-tiles.
+TEST(CudaExpertWgradGroup, RasterGroupsGiveThePlainRastersSums) {
+  MXT_REQUIRE_SM90();
+  auto gpu_ops = make_cuda_ops();
+  auto cpu_ops = make_cpu_ops();
+  for (const auto& [out, in] : {std::pair<int64_t, int64_t>{1024, 1792}, {1792, 1024}}) {
+    const std::vector<RowSet> sets = {make_set({130, 0, 77, 260}, 3, out, in, 91),
+                                      make_set({64, 200, 1, 95}, 0, out, in, 93)};
+    auto host_sets = sets;
+    const auto dw0 = randn(4 * out * in, 95);
+    const std::vector<float> ref = cpu_sets(*cpu_ops, host_sets, out, in, dw0, true);
+    for (int cl : {1, 2, 3}) {
+      std::vector<float> plain;
+      for (int g : {0, 1, 2, 3, 100}) {
+        SCOPED_TRACE("out " + std::to_string(out) + " in " + std::to_string(in) + " cluster " +
+                     sm90::cluster_code_name(cl) + " group " + std::to_string(g));
+        Guard guard;
+        sm90::set_grouped_tile_n(256);
+        sm90::use_cluster_code(cl);
+        sm90::set_grouped_wgrad_group(g);
+        const std::vector<float> got = gpu_sets(*gpu_ops, sets, out, in, dw0, true);
+        if (g == 0) {
+          EXPECT_CLOSE_REL(got, ref, 1e-5);
+          plain = got;
+          continue;
+        }
+        int64_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &plain[i], 4) != 0;
+        EXPECT_EQ(differ, 0) << "of " << got.size() << " dW values differ from the plain raster's";
+      }
     }
   }
 }

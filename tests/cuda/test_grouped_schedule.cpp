@@ -64,5 +64,42 @@ TEST(GroupedSchedule, RowUnitsCoverEveryTileOnceInPairLayouts) {
   }
 }
 
+// The wgrad raster: every (fast, slow) unit exactly once for any group size, and within a group the slow index
+// moves only after the group's fast units (at most g distinct fast units among any g * ns consecutive items of a
+// full group).
+TEST(GroupedSchedule, WgradRasterGroupsCoverEveryUnitOnce) {
+  for (int nf = 1; nf <= 17; ++nf) {
+    for (int ns = 1; ns <= 6; ++ns) {
+      for (int g : {0, 1, 2, 3, 4, 8, 16, 40}) {
+        SCOPED_TRACE("nf=" + std::to_string(nf) + " ns=" + std::to_string(ns) + " g=" + std::to_string(g));
+        const int ge = g <= 0 || g > nf ? nf : g;
+        std::map<std::pair<int, int>, int> seen;
+        for (int local = 0; local < nf * ns; ++local) {
+          const WgradUnit u = wgrad_unit(local, nf, ns, g);
+          ASSERT_GE(u.fast, 0);
+          ASSERT_LT(u.fast, nf);
+          ASSERT_GE(u.slow, 0);
+          ASSERT_LT(u.slow, ns);
+          ++seen[{u.fast, u.slow}];
+          // the group of item `local` holds fast units [gi * ge, gi * ge + ge)
+          const int gi = local / (ge * ns);
+          EXPECT_EQ(u.fast / ge, gi);
+          if (local > 0) {  // within a group: fast fastest, then slow
+            const WgradUnit v = wgrad_unit(local - 1, nf, ns, g);
+            if (v.fast / ge == gi) EXPECT_TRUE(u.slow == v.slow ? u.fast == v.fast + 1 : u.slow == v.slow + 1);
+          }
+        }
+        EXPECT_EQ(static_cast<int>(seen.size()), nf * ns);
+        for (const auto& [unit, n] : seen) EXPECT_EQ(n, 1) << "fast " << unit.first << " slow " << unit.second;
+        if (g <= 0 || g >= nf)  // one group: the plain raster
+          for (int local = 0; local < nf * ns; ++local) {
+            EXPECT_EQ(wgrad_unit(local, nf, ns, g).fast, local % nf);
+            EXPECT_EQ(wgrad_unit(local, nf, ns, g).slow, local / nf);
+          }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mxt::sm90
