@@ -151,6 +151,7 @@ struct Params {
   int32_t m_tiles;  // wgrad: ceil(M / BM) (pair_m: pairs of m-tiles)
   int32_t m_fast;   // wgrad: item order, m-tile fastest
   int32_t group;    // wgrad: the fast index walks groups of this many units (wgrad_unit; 0: one group)
+  int32_t hint_a, hint_b, hint_c;  // L2 eviction priorities (L2Priority) of the A and B loads and the TMA stores
   int32_t pair_m;   // wgrad, CTA pairs: the pair shares the x tile (rank r takes m-tile unit * 2 + r) instead of the
                     // dy tile (n-tile unit * 2 + r)
   int32_t prefetch; // wgrad: prefetch each dW tile into L2 (one tensor prefetch, SetMaps::pf) before adding to it
@@ -284,6 +285,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
     }
     if (p.prefetch) tma_prefetch_desc(&sm->pf);
   }
+  const L2Hint ha = l2_hint(p.hint_a), hb = l2_hint(p.hint_b);
   const int total = sc.cum[p.E];
   int s = 0, e = 0;
   uint32_t phase = 0;
@@ -297,35 +299,35 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
       const uint32_t bar = smem_u32(&full[s]);
       const int32_t k0 = kb * BK;
       if constexpr (kMode == Mode::kFwd) {
-        tma_load_2d(a, mA, bar, k0, it.row0);  // x rows [row0, row0 + 128), k [k0, +64)
+        tma_load_2d(a, mA, bar, k0, it.row0, ha);  // x rows [row0, row0 + 128), k [k0, +64)
         if constexpr (kCl == 1) {
-          tma_load_3d(b, mB, bar, k0, it.n0, it.e);  // W[e] rows [n0, n0 + BN), k [k0, k0 + 64)
+          tma_load_3d(b, mB, bar, k0, it.n0, it.e, hb);  // W[e] rows [n0, n0 + BN), k [k0, k0 + 64)
         } else if (it.shared_b) {  // this CTA's BN/2 rows of the shared W tile, to the same offset in both CTAs
           constexpr int kHalf = BN / 2;
-          tma_load_3d_multicast(b + rank * kHalf * BK * 2, mB, bar, k0, it.n0 + rank * kHalf, it.e, 0x3);
+          tma_load_3d_multicast(b + rank * kHalf * BK * 2, mB, bar, k0, it.n0 + rank * kHalf, it.e, 0x3, hb);
         } else {  // its own tile, in the two BN/2-row boxes of the cluster map
           constexpr int kHalf = BN / 2;
-          tma_load_3d(b, mB, bar, k0, it.n0, it.e);
-          tma_load_3d(b + kHalf * BK * 2, mB, bar, k0, it.n0 + kHalf, it.e);
+          tma_load_3d(b, mB, bar, k0, it.n0, it.e, hb);
+          tma_load_3d(b + kHalf * BK * 2, mB, bar, k0, it.n0 + kHalf, it.e, hb);
         }
       } else if constexpr (kMode == Mode::kFwdSwiglu) {
         // Gate rows [n0, n0 + BN/2) then up rows [f + n0, ...) (f = p.N): the two halves of one BN-row tile,
         // laid out as a single BN-row box would be (the swizzle repeats every 8 rows). Gate rows past f are up
         // rows and up rows past 2f are zero-filled; their columns are never stored.
-        tma_load_2d(a, mA, bar, k0, it.row0);
-        tma_load_3d(b, mB, bar, k0, it.n0, it.e);
-        tma_load_3d(b + (BN / 2) * BK * 2, mB, bar, k0, p.N + it.n0, it.e);
+        tma_load_2d(a, mA, bar, k0, it.row0, ha);
+        tma_load_3d(b, mB, bar, k0, it.n0, it.e, hb);
+        tma_load_3d(b + (BN / 2) * BK * 2, mB, bar, k0, p.N + it.n0, it.e, hb);
       } else if constexpr (kMode == Mode::kDgrad || kMode == Mode::kDgradSwiglu) {
-        tma_load_2d(a, mA, bar, k0, it.row0);  // dy rows [row0, row0 + 128), k [k0, +64)
+        tma_load_2d(a, mA, bar, k0, it.row0, ha);  // dy rows [row0, row0 + 128), k [k0, +64)
         if (kCl == 1 || !it.shared_b) {
 #pragma unroll
           for (int c = 0; c < BN / 64; ++c)  // W[e] k-rows [k0, k0 + 64), columns n0 + 64c ...
-            tma_load_3d(b + c * kChunk, mB, bar, it.n0 + 64 * c, k0, it.e);
+            tma_load_3d(b + c * kChunk, mB, bar, it.n0 + 64 * c, k0, it.e, hb);
         } else {  // this CTA's half of the shared W boxes, to the same offsets in both CTAs
           constexpr int kHalf = BN / 128;
 #pragma unroll
           for (int c = rank * kHalf; c < (rank + 1) * kHalf; ++c)
-            tma_load_3d_multicast(b + c * kChunk, mB, bar, it.n0 + 64 * c, k0, it.e, 0x3);
+            tma_load_3d_multicast(b + c * kChunk, mB, bar, it.n0 + 64 * c, k0, it.e, 0x3, hb);
         }
       } else {
         int valid;
@@ -335,19 +337,19 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
         if (kCl > 1 && p.pair_m) {  // its own dy tile; its half of the pair's x tile, to both CTAs
           constexpr int kHalf = BN / 128;
 #pragma unroll
-          for (int c = 0; c < BM / 64; ++c) tma_load_2d(a + c * kChunk, ma, bar, it.m0 + 64 * c, r0);
+          for (int c = 0; c < BM / 64; ++c) tma_load_2d(a + c * kChunk, ma, bar, it.m0 + 64 * c, r0, ha);
 #pragma unroll
           for (int c = rank * kHalf; c < (rank + 1) * kHalf; ++c)
-            tma_load_2d_multicast(b + c * kChunk, mb, bar, it.n0 + 64 * c + (p.fault == 4 ? 64 : 0), r0, 0x3);
+            tma_load_2d_multicast(b + c * kChunk, mb, bar, it.n0 + 64 * c + (p.fault == 4 ? 64 : 0), r0, 0x3, hb);
         } else {
           if (kCl > 1) {
-            tma_load_2d_multicast(a + rank * kChunk, ma, bar, it.m0 + 64 * rank, r0, 0x3);
+            tma_load_2d_multicast(a + rank * kChunk, ma, bar, it.m0 + 64 * rank, r0, 0x3, ha);
           } else {
 #pragma unroll
-            for (int c = 0; c < BM / 64; ++c) tma_load_2d(a + c * kChunk, ma, bar, it.m0 + 64 * c, r0);
+            for (int c = 0; c < BM / 64; ++c) tma_load_2d(a + c * kChunk, ma, bar, it.m0 + 64 * c, r0, ha);
           }
 #pragma unroll
-          for (int c = 0; c < BN / 64; ++c) tma_load_2d(b + c * kChunk, mb, bar, it.n0 + 64 * c, r0);
+          for (int c = 0; c < BN / 64; ++c) tma_load_2d(b + c * kChunk, mb, bar, it.n0 + 64 * c, r0, hb);
         }
       }
       if constexpr (kMode == Mode::kWgrad) {
@@ -466,6 +468,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
   const int cw = ct / 128;                    // which 64-row half of the block tile
   const int warp = (ct % 128) / 32, lane = ct % 32;
   const int total = sc.cum[p.E];
+  const L2Hint hc = l2_hint(p.hint_c);
   float acc[C::kAcc];
   int s = 0, e = 0, epi_box = 0;
   uint32_t phase = 0;
@@ -693,7 +696,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
         fence_proxy_async_smem();
         named_barrier_sync(bar_id, 128);
         if (wt == 0) {
-          tma_store_2d(mC, boxes + b * kEpiBox, it.n0 + 32 * c, it.row0 + 64 * cw);
+          tma_store_2d(mC, boxes + b * kEpiBox, it.n0 + 32 * c, it.row0 + 64 * cw, hc);
           bulk_commit_group();
         }
       }
@@ -838,6 +841,7 @@ std::atomic<int> g_swiglu{0};     // 0: env, 1: SwiGLU fused into the expert GEM
 std::atomic<int> g_wgrad_tail{-1};  // -1: env, else a WgradTail
 std::atomic<int> g_wgrad_pair{-1};  // -1: env, 0: pairs over n-tiles (share dy), 1: over m-tiles (share x)
 std::atomic<int> g_wgrad_group{-1};  // -1: env, else fast units per raster group (0: one group)
+std::atomic<int> g_l2_hints{-1};    // -1: env, 0: off, 1: on (l2_hints)
 thread_local const char* g_last_impl = "none";
 
 // The index in `choices` of environment variable `var`'s value, read once per call site (unset or empty: 0); an
@@ -965,6 +969,17 @@ int wgrad_group() {
                                      "'");
     return static_cast<int>(g);
   }();
+  return v;
+}
+
+// L2 eviction priorities on the operand loads and output stores (env MXTRAIN_GG_L2_HINTS=off|on; default off):
+// forward: x (read again for every n-tile) evict_last, W (read by the m-tiles of one n-tile at once) and y evict_first;
+// dgrad: W evict_first; wgrad in raster groups: the grouped operand's strips (read again by every slow unit) evict_last,
+// the other evict_first.
+bool l2_hints() {
+  const int o = g_l2_hints.load();
+  if (o >= 0) return o == 1;
+  static const bool v = env_choice("MXTRAIN_GG_L2_HINTS", {"off", "on"}) == 1;
   return v;
 }
 
@@ -1124,6 +1139,14 @@ Params row_params(const int32_t* off, int64_t E, int64_t R, int64_t N, int64_t K
   return p;
 }
 
+// The forward's and dgrad's L2 priorities (l2_hints).
+void row_hints(Params& p, bool forward) {
+  if (!l2_hints()) return;
+  p.hint_a = forward ? kL2EvictLast : kL2None;
+  p.hint_b = kL2EvictFirst;
+  p.hint_c = kL2EvictFirst;
+}
+
 // Forward and dgrad share everything but B's layout: out [R, N] from in [R, K].
 template <Mode kMode>
 bool try_rows(const char* op, const bf16* in, const bf16* W, const int32_t* off, int64_t E, int64_t R,
@@ -1143,6 +1166,7 @@ bool try_rows(const char* op, const bf16* in, const bf16* W, const int32_t* off,
   if (!weight_map(mb, op, "W", W, E, w_out, w_in, kMode == Mode::kFwd ? bn / cl : BK)) return false;
 
   Params p = row_params(off, E, R, N, K, n_units, out);
+  row_hints(p, kMode == Mode::kFwd);
   CUtensorMap mc = ma;
   p.tma_store = store_epilogue() && store_map(mc, op, kMode == Mode::kFwd ? "y" : "dx", out, N, R, N);
   launch_cfg<kMode>(op, ma, mb, mc, p, max_units, ctx, bn, cl);
@@ -1237,6 +1261,10 @@ void set_grouped_wgrad_pair(int mode) {
   if (mode < -1 || mode > 1)
     cuda::fail("grouped_gemm_wgrad", "pair mode must be -1, 0 or 1, got " + std::to_string(mode));
   g_wgrad_pair.store(mode);
+}
+void set_grouped_l2_hints(int on) {
+  if (on < -1 || on > 1) cuda::fail("grouped_gemm", "L2 hints must be -1, 0 or 1, got " + std::to_string(on));
+  g_l2_hints.store(on);
 }
 void set_grouped_wgrad_group(int units) {
   if (units < -1)
@@ -1335,6 +1363,10 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
     p.m_tiles = static_cast<int32_t>(m_tiles);
     p.m_fast = M <= N ? 1 : 0;
     p.group = wgrad_group();
+    if (l2_hints() && p.group > 0) {  // the grouped operand: dy's m-tiles when m is fastest, else x's n-tiles
+      p.hint_a = p.m_fast ? kL2EvictLast : kL2EvictFirst;
+      p.hint_b = p.m_fast ? kL2EvictFirst : kL2EvictLast;
+    }
     p.pair_m = pair_m ? 1 : 0;
     p.prefetch = p.overwrite ? 0 : wgrad_prefetch();  // nothing to read when storing
     p.tma_store = wgrad_tma_epilogue() ? 1 : 0;

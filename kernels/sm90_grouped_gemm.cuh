@@ -48,6 +48,9 @@ void set_grouped_wgrad_pair(int mode);
 // Weight-gradient raster: the fast index walks groups of `units` (n-tiles or m-tile pairs; 0 = one group, the plain
 // raster; default: env MXTRAIN_GG_WGRAD_GROUP, else 0), -1 restores the env var's choice.
 void set_grouped_wgrad_group(int units);
+// L2 eviction priorities on the operand loads and output stores (forward, dgrad, wgrad in raster groups): 1 on,
+// 0 off (default; env MXTRAIN_GG_L2_HINTS=on|off), -1 restores the env var's choice. Results are unchanged.
+void set_grouped_l2_hints(int on);
 // What the last grouped GEMM call of this thread ran: "sm90" or "wmma" (tests assert the path they meant).
 const char* last_grouped_impl();
 void note_grouped_impl(const char* impl);

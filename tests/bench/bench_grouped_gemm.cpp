@@ -192,6 +192,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
     struct Variant {
       int bn, cl, tma_store;  // cl: a cluster code (sm90_cluster_code.hpp)
       const char* name;
+      int l2_hints = 0;       // set_grouped_l2_hints (forward and dgrad only)
     };
     // tma_store: the TMA epilogue (forward / dgrad: TMA stores; wgrad: TMA reduce-adds), else direct from the
     // registers (stores; wgrad: red.global).
@@ -200,9 +201,12 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
                                        {128, 1, 1, "sm90 128x128 c1"},
                                        {256, 2, 1, "sm90 128x256 c2"},
                                        {256, 3, 1, "sm90 128x256 c2, wgrad pairs over m"},
-                                       {128, 2, 1, "sm90 128x128 c2"}};
+                                       {128, 2, 1, "sm90 128x128 c2"},
+                                       {256, 2, 1, "sm90 128x256 c2, L2 hints", 1}};
     for (const Variant& v : variants) {
       if ((v.cl > 1 && !with_cluster) || g_trainer_wgrad || (v.cl == 3 && op.kind != 2)) continue;
+      if (v.l2_hints && op.kind == 2) continue;
+      mxt::sm90::set_grouped_l2_hints(v.l2_hints);
       mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
       mxt::sm90::set_grouped_tile_n(v.bn);
       mxt::sm90::use_cluster_code(v.cl);
@@ -342,15 +346,20 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       // other rows zeroed (zero: before session 29), or left (none: wrong sums, what the tail costs by difference);
       // 1 CTA, CTA pairs (the trainer's default) over n-tiles, and pairs over m-tiles (c2m, the default tail only).
       const char* tails[] = {"steps", "zero", "none"};
-      // Then the default arrangement (c2m, tail steps) with the raster in groups of g fast units (g_wgrad_groups).
-      std::vector<std::pair<int, int>> variants;  // (cluster code, tail) or (3, -group)
+      // Then the default arrangement (c2m, tail steps) with the raster in groups of g fast units (g_wgrad_groups),
+      // without and with L2 hints.
+      struct TwVariant {
+        int cl, tail, group, hints;
+      };
+      std::vector<TwVariant> variants;
       for (const int cl : {1, 2, 3})
-        for (int tail = 0; tail < (cl == 3 ? 1 : 3); ++tail) variants.push_back({cl, tail});
-      for (const int g : g_wgrad_groups) variants.push_back({3, -g});
-      for (const auto& [cl, variant] : variants) {
+        for (int tail = 0; tail < (cl == 3 ? 1 : 3); ++tail) variants.push_back({cl, tail, 0, 0});
+      for (const int g : g_wgrad_groups)
+        for (const int hints : {0, 1}) variants.push_back({3, 0, g, hints});
+      for (const auto& [cl, tail, group, hints] : variants) {
         mxt::sm90::use_cluster_code(cl);
-        const int tail = variant < 0 ? 0 : variant, group = variant < 0 ? -variant : 0;
         mxt::sm90::set_grouped_wgrad_group(group);
+        mxt::sm90::set_grouped_l2_hints(hints);
         {
           mxt::sm90::set_grouped_wgrad_tail(tail);
           ops.zero(out1);
@@ -363,9 +372,9 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
           const Timing t =
               time_it(st, flush, flush_bytes, 3, runs, [&] { ops.grouped_gemm_wgrad_sets(rs, out1, true); });
           char name[96];
-          if (variant < 0)
-            std::snprintf(name, sizeof(name), "sm90 c%s 8 distinct half row sets, raster groups of %d (4x rows)",
-                          mxt::sm90::cluster_code_name(cl), group);
+          if (group > 0)
+            std::snprintf(name, sizeof(name), "sm90 c%s 8 distinct half row sets, raster groups of %d%s (4x rows)",
+                          mxt::sm90::cluster_code_name(cl), group, hints ? ", L2 hints" : "");
           else
             std::snprintf(name, sizeof(name), "sm90 c%s 8 distinct half row sets, tail %s (4x rows, the trainer's)",
                           mxt::sm90::cluster_code_name(cl), tails[tail]);
@@ -374,6 +383,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       }
       mxt::sm90::set_grouped_wgrad_tail(-1);
       mxt::sm90::set_grouped_wgrad_group(-1);
+      mxt::sm90::set_grouped_l2_hints(-1);
       mxt::sm90::set_grouped_cluster(1);
       mxt::sm90::set_grouped_wgrad_pair(-1);
       mxt::sm90::set_grouped_wgrad_tma(-1);
@@ -389,6 +399,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
     mxt::sm90::set_grouped_wgrad_tma(-1);
     mxt::sm90::set_grouped_swiglu_fusion(-1);
     mxt::sm90::set_grouped_wgrad_pair(-1);
+    mxt::sm90::set_grouped_l2_hints(-1);
     const double dense_tf = rows[first].tflops, loop_tf = rows[first + 1].tflops;
     for (size_t i = first; i < rows.size(); ++i) {
       rows[i].vs_dense = rows[i].tflops / dense_tf;

@@ -32,6 +32,7 @@ struct Guard {
     sm90::set_grouped_wgrad_tail(-1);
     sm90::set_grouped_wgrad_pair(-1);
     sm90::set_grouped_wgrad_group(-1);
+    sm90::set_grouped_l2_hints(-1);
   }
 };
 
@@ -207,13 +208,14 @@ TEST(CudaExpertWgradGroup, RasterGroupsGiveThePlainRastersSums) {
     const std::vector<float> ref = cpu_sets(*cpu_ops, host_sets, out, in, dw0, true);
     for (int cl : {1, 2, 3}) {
       std::vector<float> plain;
-      for (int g : {0, 1, 2, 3, 100}) {
+      for (int g : {0, 1, 2, 3, 100, -3}) {  // -3: groups of 3 with L2 hints
         SCOPED_TRACE("out " + std::to_string(out) + " in " + std::to_string(in) + " cluster " +
                      sm90::cluster_code_name(cl) + " group " + std::to_string(g));
         Guard guard;
         sm90::set_grouped_tile_n(256);
         sm90::use_cluster_code(cl);
-        sm90::set_grouped_wgrad_group(g);
+        sm90::set_grouped_wgrad_group(g < 0 ? -g : g);
+        sm90::set_grouped_l2_hints(g < 0 ? 1 : 0);
         const std::vector<float> got = gpu_sets(*gpu_ops, sets, out, in, dw0, true);
         if (g == 0) {
           EXPECT_CLOSE_REL(got, ref, 1e-5);

@@ -41,6 +41,8 @@ struct ImplGuard {
     sm90::set_grouped_tma_store(-1);
     sm90::set_grouped_wgrad_tma(-1);
     sm90::set_grouped_wgrad_pair(-1);
+    sm90::set_grouped_wgrad_group(-1);
+    sm90::set_grouped_l2_hints(-1);
   }
 };
 
@@ -259,6 +261,28 @@ TEST_P(CudaGroupedGemmSm90, Deterministic) {
   auto dw0 = randn(E * c.out * c.in, 54);
   sm90::use_cluster_code(GetParam());
   const Outputs a = run_device(*gpu, c, off, x, w, dy, dw0, sm90::GroupedImpl::Sm90);
+  const Outputs b = run_device(*gpu, c, off, x, w, dy, dw0, sm90::GroupedImpl::Sm90);
+  EXPECT_EQ(std::memcmp(a.y.data(), b.y.data(), a.y.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(a.dx.data(), b.dx.data(), a.dx.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(a.dw.data(), b.dw.data(), a.dw.size() * 4), 0);
+}
+
+// L2 eviction hints (and the wgrad's raster groups they go with) change where operands live, not one output bit.
+TEST_P(CudaGroupedGemmSm90, L2HintsChangeNoBit) {
+  MXT_REQUIRE_SM90();
+  ImplGuard guard;
+  auto gpu = make_cuda_ops();
+  const Case c{640, 384, {200, 0, 333, 17}, 6};
+  const int64_t E = 4;
+  std::vector<int32_t> off = {0, 200, 200, 533, 550};
+  const int64_t R = off[E] + c.padding;
+  auto x = rounded(R * c.in, 55), w = rounded(E * c.out * c.in, 56, 0.05f), dy = rounded(R * c.out, 57);
+  auto dw0 = randn(E * c.out * c.in, 58);
+  sm90::use_cluster_code(GetParam());
+  sm90::set_grouped_l2_hints(0);
+  const Outputs a = run_device(*gpu, c, off, x, w, dy, dw0, sm90::GroupedImpl::Sm90);
+  sm90::set_grouped_l2_hints(1);
+  sm90::set_grouped_wgrad_group(1);
   const Outputs b = run_device(*gpu, c, off, x, w, dy, dw0, sm90::GroupedImpl::Sm90);
   EXPECT_EQ(std::memcmp(a.y.data(), b.y.data(), a.y.size() * 4), 0);
   EXPECT_EQ(std::memcmp(a.dx.data(), b.dx.data(), a.dx.size() * 4), 0);
