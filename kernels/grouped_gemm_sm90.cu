@@ -841,7 +841,7 @@ std::atomic<int> g_swiglu{0};     // 0: env, 1: SwiGLU fused into the expert GEM
 std::atomic<int> g_wgrad_tail{-1};  // -1: env, else a WgradTail
 std::atomic<int> g_wgrad_pair{-1};  // -1: env, 0: pairs over n-tiles (share dy), 1: over m-tiles (share x)
 std::atomic<int> g_wgrad_group{-1};  // -1: env, else fast units per raster group (0: one group)
-std::atomic<int> g_l2_hints{-1};    // -1: env, 0: off, 1: on (l2_hints)
+std::atomic<int> g_l2_hints{-1};    // -1: env, else a mask of the directions with hints (l2_hints)
 thread_local const char* g_last_impl = "none";
 
 // The index in `choices` of environment variable `var`'s value, read once per call site (unset or empty: 0); an
@@ -972,15 +972,18 @@ int wgrad_group() {
   return v;
 }
 
-// L2 eviction priorities on the operand loads and output stores (env MXTRAIN_GG_L2_HINTS=off|on; default off):
-// forward: x (read again for every n-tile) evict_last, W (read by the m-tiles of one n-tile at once) and y evict_first;
-// dgrad: W evict_first; wgrad in raster groups: the grouped operand's strips (read again by every slow unit) evict_last,
-// the other evict_first.
-bool l2_hints() {
+// L2 eviction priorities on the operand loads and output stores, per direction (env MXTRAIN_GG_L2_HINTS=off|on|
+// fwd|dgrad|wgrad; default off): forward: x (read again for every n-tile) evict_last, W (read by the m-tiles of one
+// n-tile at once) and y evict_first; dgrad: W and dx evict_first; wgrad in raster groups: the grouped operand's
+// strips (read again by every slow unit) evict_last, the other evict_first. Session 31: all three made the 8x7B
+// step 1.3% slower.
+bool l2_hints(int dir) {
   const int o = g_l2_hints.load();
-  if (o >= 0) return o == 1;
-  static const bool v = env_choice("MXTRAIN_GG_L2_HINTS", {"off", "on"}) == 1;
-  return v;
+  static const int env = [] {
+    const int i = env_choice("MXTRAIN_GG_L2_HINTS", {"off", "on", "fwd", "dgrad", "wgrad"});
+    return i == 0 ? 0 : i == 1 ? kL2HintsAll : 1 << (i - 2);
+  }();
+  return ((o >= 0 ? o : env) >> dir) & 1;
 }
 
 // MXTRAIN_GG_FAULT=mask|tail|pairm breaks the kernels on purpose, so a GPU run can check that the tests catch it.
@@ -1141,7 +1144,7 @@ Params row_params(const int32_t* off, int64_t E, int64_t R, int64_t N, int64_t K
 
 // The forward's and dgrad's L2 priorities (l2_hints).
 void row_hints(Params& p, bool forward) {
-  if (!l2_hints()) return;
+  if (!l2_hints(forward ? 0 : 1)) return;
   p.hint_a = forward ? kL2EvictLast : kL2None;
   p.hint_b = kL2EvictFirst;
   p.hint_c = kL2EvictFirst;
@@ -1262,9 +1265,10 @@ void set_grouped_wgrad_pair(int mode) {
     cuda::fail("grouped_gemm_wgrad", "pair mode must be -1, 0 or 1, got " + std::to_string(mode));
   g_wgrad_pair.store(mode);
 }
-void set_grouped_l2_hints(int on) {
-  if (on < -1 || on > 1) cuda::fail("grouped_gemm", "L2 hints must be -1, 0 or 1, got " + std::to_string(on));
-  g_l2_hints.store(on);
+void set_grouped_l2_hints(int mask) {
+  if (mask < -1 || mask > kL2HintsAll)
+    cuda::fail("grouped_gemm", "L2 hints must be -1 or a mask in [0, 7], got " + std::to_string(mask));
+  g_l2_hints.store(mask);
 }
 void set_grouped_wgrad_group(int units) {
   if (units < -1)
@@ -1363,7 +1367,7 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
     p.m_tiles = static_cast<int32_t>(m_tiles);
     p.m_fast = M <= N ? 1 : 0;
     p.group = wgrad_group();
-    if (l2_hints() && p.group > 0) {  // the grouped operand: dy's m-tiles when m is fastest, else x's n-tiles
+    if (l2_hints(2) && p.group > 0) {  // the grouped operand: dy's m-tiles when m is fastest, else x's n-tiles
       p.hint_a = p.m_fast ? kL2EvictLast : kL2EvictFirst;
       p.hint_b = p.m_fast ? kL2EvictFirst : kL2EvictLast;
     }

@@ -48,9 +48,11 @@ void set_grouped_wgrad_pair(int mode);
 // Weight-gradient raster: the fast index walks groups of `units` (n-tiles or m-tile pairs; 0 = one group, the plain
 // raster; default: env MXTRAIN_GG_WGRAD_GROUP, else 0), -1 restores the env var's choice.
 void set_grouped_wgrad_group(int units);
-// L2 eviction priorities on the operand loads and output stores (forward, dgrad, wgrad in raster groups): 1 on,
-// 0 off (default; env MXTRAIN_GG_L2_HINTS=on|off), -1 restores the env var's choice. Results are unchanged.
-void set_grouped_l2_hints(int on);
+// L2 eviction priorities on the operand loads and output stores: a mask of the directions that use them (1 forward,
+// 2 dgrad, 4 wgrad in raster groups; 0 none, the default; env MXTRAIN_GG_L2_HINTS=off|on|fwd|dgrad|wgrad), -1
+// restores the env var's choice. Results are unchanged.
+constexpr int kL2HintsAll = 7;
+void set_grouped_l2_hints(int mask);
 // What the last grouped GEMM call of this thread ran: "sm90" or "wmma" (tests assert the path they meant).
 const char* last_grouped_impl();
 void note_grouped_impl(const char* impl);

@@ -206,7 +206,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
     for (const Variant& v : variants) {
       if ((v.cl > 1 && !with_cluster) || g_trainer_wgrad || (v.cl == 3 && op.kind != 2)) continue;
       if (v.l2_hints && op.kind == 2) continue;
-      mxt::sm90::set_grouped_l2_hints(v.l2_hints);
+      mxt::sm90::set_grouped_l2_hints(v.l2_hints ? mxt::sm90::kL2HintsAll : 0);
       mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
       mxt::sm90::set_grouped_tile_n(v.bn);
       mxt::sm90::use_cluster_code(v.cl);
@@ -359,7 +359,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       for (const auto& [cl, tail, group, hints] : variants) {
         mxt::sm90::use_cluster_code(cl);
         mxt::sm90::set_grouped_wgrad_group(group);
-        mxt::sm90::set_grouped_l2_hints(hints);
+        mxt::sm90::set_grouped_l2_hints(hints ? mxt::sm90::kL2HintsAll : 0);
         {
           mxt::sm90::set_grouped_wgrad_tail(tail);
           ops.zero(out1);

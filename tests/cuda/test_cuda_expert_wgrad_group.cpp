@@ -215,7 +215,7 @@ TEST(CudaExpertWgradGroup, RasterGroupsGiveThePlainRastersSums) {
         sm90::set_grouped_tile_n(256);
         sm90::use_cluster_code(cl);
         sm90::set_grouped_wgrad_group(g < 0 ? -g : g);
-        sm90::set_grouped_l2_hints(g < 0 ? 1 : 0);
+        sm90::set_grouped_l2_hints(g < 0 ? sm90::kL2HintsAll : 0);
         const std::vector<float> got = gpu_sets(*gpu_ops, sets, out, in, dw0, true);
         if (g == 0) {
           EXPECT_CLOSE_REL(got, ref, 1e-5);

@@ -281,7 +281,7 @@ TEST_P(CudaGroupedGemmSm90, L2HintsChangeNoBit) {
   sm90::use_cluster_code(GetParam());
   sm90::set_grouped_l2_hints(0);
   const Outputs a = run_device(*gpu, c, off, x, w, dy, dw0, sm90::GroupedImpl::Sm90);
-  sm90::set_grouped_l2_hints(1);
+  sm90::set_grouped_l2_hints(sm90::kL2HintsAll);
   sm90::set_grouped_wgrad_group(1);
   const Outputs b = run_device(*gpu, c, off, x, w, dy, dw0, sm90::GroupedImpl::Sm90);
   EXPECT_EQ(std::memcmp(a.y.data(), b.y.data(), a.y.size() * 4), 0);
