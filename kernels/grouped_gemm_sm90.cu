@@ -955,7 +955,8 @@ int wgrad_pair_m() {
 }
 
 // Wgrad raster: the fast index (n-tiles at W13's shape, m-tiles at W2's) walks groups of this many units
-// (wgrad_unit), env MXTRAIN_GG_WGRAD_GROUP=g (unset or 0: one group, the plain raster).
+// (wgrad_unit), env MXTRAIN_GG_WGRAD_GROUP=g (unset or 0: one group, the plain raster). Session 31: groups of 4 or 8
+// made the 8x7B step 0.1-0.3% faster (within noise); the trainer-shape bench disagreed with itself between calls.
 int wgrad_group() {
   const int o = g_wgrad_group.load();
   if (o >= 0) return o;
@@ -976,7 +977,7 @@ int wgrad_group() {
 // fwd|dgrad|wgrad; default off): forward: x (read again for every n-tile) evict_last, W (read by the m-tiles of one
 // n-tile at once) and y evict_first; dgrad: W and dx evict_first; wgrad in raster groups: the grouped operand's
 // strips (read again by every slow unit) evict_last, the other evict_first. Session 31: all three made the 8x7B
-// step 1.3% slower.
+// step 1.4% slower, the dgrad's alone 0.1-0.3% (in the bench's short bursts that dgrad ran 1-9% faster).
 bool l2_hints(int dir) {
   const int o = g_l2_hints.load();
   static const int env = [] {
