@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -248,45 +249,42 @@ TEST_P(CudaGroupedGemmSm90, ModelShapes8x1B) {
   check_case(*gpu, *cpu, {4096, 2048, loads, 24}, 256, GetParam(), 42);  // w2: 4096 -> 2048
 }
 
-// Same inputs twice: bit-identical outputs (no atomics; every output tile is owned by one CTA).
-TEST_P(CudaGroupedGemmSm90, Deterministic) {
+// The sm90 kernels twice on the same inputs (4 experts, one empty, padding rows), `first` and `second` making the
+// settings of each run: every output bit the same.
+void expect_same_bits(const Case& c, uint32_t seed, int cluster_code, const std::function<void()>& first,
+                      const std::function<void()>& second) {
   MXT_REQUIRE_SM90();
   ImplGuard guard;
   auto gpu = make_cuda_ops();
-  const Case c{256, 384, {200, 0, 333, 17}, 6};
-  const int64_t E = 4;
-  std::vector<int32_t> off = {0, 200, 200, 533, 550};
+  const int64_t E = static_cast<int64_t>(c.loads.size());
+  std::vector<int32_t> off(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + c.loads[e];
   const int64_t R = off[E] + c.padding;
-  auto x = rounded(R * c.in, 51), w = rounded(E * c.out * c.in, 52, 0.05f), dy = rounded(R * c.out, 53);
-  auto dw0 = randn(E * c.out * c.in, 54);
-  sm90::use_cluster_code(GetParam());
+  auto x = rounded(R * c.in, seed), w = rounded(E * c.out * c.in, seed + 1, 0.05f), dy = rounded(R * c.out, seed + 2);
+  auto dw0 = randn(E * c.out * c.in, seed + 3);
+  sm90::use_cluster_code(cluster_code);
+  first();
   const Outputs a = run_device(*gpu, c, off, x, w, dy, dw0, sm90::GroupedImpl::Sm90);
+  second();
   const Outputs b = run_device(*gpu, c, off, x, w, dy, dw0, sm90::GroupedImpl::Sm90);
   EXPECT_EQ(std::memcmp(a.y.data(), b.y.data(), a.y.size() * 4), 0);
   EXPECT_EQ(std::memcmp(a.dx.data(), b.dx.data(), a.dx.size() * 4), 0);
   EXPECT_EQ(std::memcmp(a.dw.data(), b.dw.data(), a.dw.size() * 4), 0);
 }
 
+// Same inputs twice: bit-identical outputs (no atomics; every output tile is owned by one CTA).
+TEST_P(CudaGroupedGemmSm90, Deterministic) {
+  expect_same_bits({256, 384, {200, 0, 333, 17}, 6}, 51, GetParam(), [] {}, [] {});
+}
+
 // L2 eviction hints (and the wgrad's raster groups they go with) change where operands live, not one output bit.
 TEST_P(CudaGroupedGemmSm90, L2HintsChangeNoBit) {
-  MXT_REQUIRE_SM90();
-  ImplGuard guard;
-  auto gpu = make_cuda_ops();
-  const Case c{640, 384, {200, 0, 333, 17}, 6};
-  const int64_t E = 4;
-  std::vector<int32_t> off = {0, 200, 200, 533, 550};
-  const int64_t R = off[E] + c.padding;
-  auto x = rounded(R * c.in, 55), w = rounded(E * c.out * c.in, 56, 0.05f), dy = rounded(R * c.out, 57);
-  auto dw0 = randn(E * c.out * c.in, 58);
-  sm90::use_cluster_code(GetParam());
-  sm90::set_grouped_l2_hints(0);
-  const Outputs a = run_device(*gpu, c, off, x, w, dy, dw0, sm90::GroupedImpl::Sm90);
-  sm90::set_grouped_l2_hints(sm90::kL2HintsAll);
-  sm90::set_grouped_wgrad_group(1);
-  const Outputs b = run_device(*gpu, c, off, x, w, dy, dw0, sm90::GroupedImpl::Sm90);
-  EXPECT_EQ(std::memcmp(a.y.data(), b.y.data(), a.y.size() * 4), 0);
-  EXPECT_EQ(std::memcmp(a.dx.data(), b.dx.data(), a.dx.size() * 4), 0);
-  EXPECT_EQ(std::memcmp(a.dw.data(), b.dw.data(), a.dw.size() * 4), 0);
+  expect_same_bits(
+      {640, 384, {200, 0, 333, 17}, 6}, 55, GetParam(), [] { sm90::set_grouped_l2_hints(0); },
+      [] {
+        sm90::set_grouped_l2_hints(sm90::kL2HintsAll);
+        sm90::set_grouped_wgrad_group(1);
+      });
 }
 
 // What the sm90 path must refuse goes to wmma, with right answers: widths not multiples of 8, misaligned views.
