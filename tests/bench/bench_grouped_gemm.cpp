@@ -360,26 +360,24 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
         mxt::sm90::use_cluster_code(cl);
         mxt::sm90::set_grouped_wgrad_group(group);
         mxt::sm90::set_grouped_l2_hints(hints ? mxt::sm90::kL2HintsAll : 0);
-        {
-          mxt::sm90::set_grouped_wgrad_tail(tail);
-          ops.zero(out1);
-          ops.grouped_gemm_wgrad_sets(rs, out1, true);
-          const std::string path = mxt::sm90::last_grouped_impl();
-          const double err = rel_l2_device(ops, out1, out2, acc2.t);
-          char note[112];
-          std::snprintf(note, sizeof(note), "rel L2 vs 8 single calls %.2e%s%s", err,
-                        path == "sm90" ? "" : " (FELL BACK)", tail == 2 ? " (wrong sums: timing only)" : "");
-          const Timing t =
-              time_it(st, flush, flush_bytes, 3, runs, [&] { ops.grouped_gemm_wgrad_sets(rs, out1, true); });
-          char name[96];
-          if (group > 0)
-            std::snprintf(name, sizeof(name), "sm90 c%s 8 distinct half row sets, raster groups of %d%s (4x rows)",
-                          mxt::sm90::cluster_code_name(cl), group, hints ? ", L2 hints" : "");
-          else
-            std::snprintf(name, sizeof(name), "sm90 c%s 8 distinct half row sets, tail %s (4x rows, the trainer's)",
-                          mxt::sm90::cluster_code_name(cl), tails[tail]);
-          rows.push_back(Row{s.name, op.name, name, t, 4 * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
-        }
+        mxt::sm90::set_grouped_wgrad_tail(tail);
+        ops.zero(out1);
+        ops.grouped_gemm_wgrad_sets(rs, out1, true);
+        const std::string path = mxt::sm90::last_grouped_impl();
+        const double err = rel_l2_device(ops, out1, out2, acc2.t);
+        char note[112];
+        std::snprintf(note, sizeof(note), "rel L2 vs 8 single calls %.2e%s%s", err,
+                      path == "sm90" ? "" : " (FELL BACK)", tail == 2 ? " (wrong sums: timing only)" : "");
+        const Timing t =
+            time_it(st, flush, flush_bytes, 3, runs, [&] { ops.grouped_gemm_wgrad_sets(rs, out1, true); });
+        char name[96];
+        if (group > 0)
+          std::snprintf(name, sizeof(name), "sm90 c%s 8 distinct half row sets, raster groups of %d%s (4x rows)",
+                        mxt::sm90::cluster_code_name(cl), group, hints ? ", L2 hints" : "");
+        else
+          std::snprintf(name, sizeof(name), "sm90 c%s 8 distinct half row sets, tail %s (4x rows, the trainer's)",
+                        mxt::sm90::cluster_code_name(cl), tails[tail]);
+        rows.push_back(Row{s.name, op.name, name, t, 4 * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
       }
       mxt::sm90::set_grouped_wgrad_tail(-1);
       mxt::sm90::set_grouped_wgrad_group(-1);
