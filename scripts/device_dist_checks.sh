@@ -42,7 +42,7 @@
 #   ops       bench_8x1B and bench_8x7B_2layer (3 steps, eager) with MXTRAIN_STAGE_TIMING=ops: the stage table and
 #             GPU time per kernel launch by (innermost stage, op), the 45 longest printed
 #   speed     issue 4's single-GPU figures in one call: bench_attention (8x1B, 8x7B shapes) beside PyTorch's SDPA,
-#             bench_grouped_gemm beside cuBLASLt, scripts/bench_trainer.py (8x1B, 8x7B 2 layers) beside the HF baseline,
+#             bench_grouped_gemm beside cuBLASLt, scripts/bench_trainer.py (8x1B, 8x7B 2 layers, L0_sanity) beside HF,
 #             with the GPU's clock and power per run (--sample-gpu)
 #   epnccl    8x1B (seq 4096, mbs 1, acc 8, 6 steps): 1 GPU, then EP=2 on 2 GPUs with NCCL's defaults and with
 #             NCCL_CTA_POLICY=2 (zero-CTA where NCCL can), with the backward combine overlapped and no SMs left to
@@ -321,6 +321,141 @@ for d in launches.values():
 for name, ms in groups.items():
     print(f"{name} (x{len(ms)}): " + ", ".join(
         f"{k} {sum(m.get(k, math.nan) for m in ms) / len(ms):.4g}" for k in want if any(k in m for m in ms)))
+PY
+    ;;
+  cuda)
+    CUDA_VISIBLE_DEVICES=0 timeout 300 "$BIN_DIR/mxtrain_tests" --gtest_filter='*Cuda*:*Gpu*:*Mxfp8*:-Binary.*' \
+      >"$OUT/cuda_tests.log" 2>&1
+    add "all CUDA tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/cuda_tests.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]|Failure|Expected|Which is|actual' "$OUT/cuda_tests.log" | head -30
+    ;;
+  parity)
+    CUDA_VISIBLE_DEVICES=0 timeout 300 python3 scripts/parity_hf.py --mxtrain "$MX" --backend cuda \
+      --out /tmp/parity_cuda >"$OUT/parity_cuda.log" 2>&1
+    add "HF parity, CUDA backend" "rc=$? ($(grep -c '"passed": true' "$OUT/parity_cuda.log") pass, $(grep -c '"passed": false' "$OUT/parity_cuda.log") fail)"
+    grep '^|' "$OUT/parity_cuda.log"
+    # The same checks on the fp32 CUDA backend, held to the CPU backend's fp32 tolerances.
+    CUDA_VISIBLE_DEVICES=0 timeout 300 python3 scripts/parity_hf.py --mxtrain "$MX" --backend cuda-fp32 \
+      --out /tmp/parity_cuda_fp32 >"$OUT/parity_cuda_fp32.log" 2>&1
+    add "HF parity, CUDA fp32 backend" "rc=$? ($(grep -c '"passed": true' "$OUT/parity_cuda_fp32.log") pass, $(grep -c '"passed": false' "$OUT/parity_cuda_fp32.log") fail)"
+    grep '^|' "$OUT/parity_cuda_fp32.log"
+    ;;
+  trainer)
+    CUDA_VISIBLE_DEVICES=0 timeout 400 python3 scripts/bench_trainer.py --mxtrain "$MX" \
+      --hf-baseline "$BIN_DIR/hf_baseline.py" --sample-gpu --out "$OUT/bench_trainer" ${TRAINER_PRESETS:-L0_sanity 8x7B-2layer} \
+      >"$OUT/bench_trainer.log" 2>&1
+    add "trainer vs HF (L0, 8x7B 2 layers)" "rc=$?"
+    grep '^|' "$OUT/bench_trainer.log"
+    # L0_sanity once more without CUDA graphs: what the replay saves at the smallest shape
+    CUDA_VISIBLE_DEVICES=0 "$MX" --config-name L0_sanity backend=cuda parallelism.ep_size=1 grad_acc_steps=8 \
+      num_train_steps=30 lr_scheduler_kwargs.num_decay_steps=20 logger.frequency=1 cuda_graphs=false \
+      output_dir="$OUT/l0_eager" >"$OUT/l0_eager.log" 2>&1
+    add "L0_sanity eager (cuda_graphs=false)" "rc=$? $(metrics eager="$OUT/l0_eager/metrics.jsonl" | sed 's/.*median//')"
+    ;;
+  power)
+    # each W13 GEMM held 5 s as cuBLASLt dense, our 1-CTA and our CTA-pair kernel, with clock and power sampled
+    CUDA_VISIBLE_DEVICES=0 timeout 400 python3 scripts/gpu_samples.py run "$OUT/power_smi.csv" -- \
+      "$BIN_DIR/bench_grouped_gemm" --no-wmma --shape 8x7B --runs 5 --sustain 5 >"$OUT/power_gg.log" 2>&1
+    add "grouped GEMM held under the power cap" "rc=$?"
+    grep -E '^\{' "$OUT/power_gg.log"
+    grep -E '^\| (run|8x7B [a-z])' "$OUT/power_gg.log"  # the clock and power table
+    ;;
+  stages)
+    for cfg in bench_8x1B bench_8x7B_2layer; do
+      CUDA_VISIBLE_DEVICES=0 MXTRAIN_STAGE_TIMING=1 timeout 150 "$MX" --config-name $cfg backend=cuda \
+        dataset.source=random num_train_steps=4 output_dir="$OUT/stages_$cfg" >"$OUT/stages_$cfg.log" 2>&1
+      add "stage timing $cfg" "rc=$?"
+      grep -A40 "stage times" "$OUT/stages_$cfg.log"
+    done
+    ;;
+  ab)
+    # Two builds or settings, alternating A B A B per shape. AB_A / AB_B: "DIR [VAR=value ...]" (each defaults to
+    # BIN_DIR), e.g. AB_A=devbin/main AB_B="devbin/wip MXTRAIN_GG_ODD_TAIL=pad". tok/s as the HF baseline times it.
+    for cfg in ${AB_CFGS:-bench_8x1B bench_8x7B_2layer}; do
+      for run in A1 B1 A2 B2; do
+        v=AB_${run:0:1}
+        read -r dir envs <<<"${!v:-$BIN_DIR}"
+        env $envs CUDA_VISIBLE_DEVICES=0 timeout 200 "$dir/mxtrain" --config-name $cfg backend=cuda \
+          dataset.source=random num_train_steps=8 output_dir="$OUT/ab_${cfg}_$run" >"$OUT/ab_${cfg}_$run.log" 2>&1
+        add "ab $cfg $run" "rc=$? $(tok_per_s "$OUT/ab_${cfg}_$run/metrics.jsonl")"
+      done
+      metrics A1="$OUT/ab_${cfg}_A1/metrics.jsonl" B1="$OUT/ab_${cfg}_B1/metrics.jsonl" | tail -1
+    done
+    ;;
+  ops)
+    for cfg in bench_8x1B bench_8x7B_2layer; do
+      CUDA_VISIBLE_DEVICES=0 MXTRAIN_STAGE_TIMING=ops timeout 200 "$MX" --config-name $cfg backend=cuda \
+        dataset.source=random num_train_steps=3 output_dir="$OUT/ops_$cfg" >"$OUT/ops_$cfg.log" 2>&1
+      add "op timing $cfg" "rc=$?"
+      grep -A45 "^op times" "$OUT/ops_$cfg.log"
+    done
+    ;;
+  speed)
+    export CUDA_VISIBLE_DEVICES=0
+    for sh in 8x1B 8x7B; do
+      timeout 120 "$BIN_DIR/bench_attention" --shape $sh --no-reference >"$OUT/speed_attn_$sh.log" 2>&1
+      add "bench_attention $sh" "rc=$?"
+    done
+    timeout 120 python3 scripts/bench_attention_torch.py >"$OUT/speed_attn_torch.log" 2>&1
+    add "torch SDPA bench" "rc=$?"
+    # with the CTA-pair rows (the trainer's default since session 24)
+    timeout 300 "$BIN_DIR/bench_grouped_gemm" --no-wmma --shape 8x7B >"$OUT/speed_gg.log" 2>&1
+    add "bench_grouped_gemm 8x7B" "rc=$?"
+    timeout 400 python3 scripts/bench_trainer.py --mxtrain "$MX" --hf-baseline "$BIN_DIR/hf_baseline.py" \
+      --sample-gpu --out "$OUT/speed_trainer" 8x1B 8x7B-2layer L0_sanity >"$OUT/speed_trainer.log" 2>&1
+    add "trainer vs HF (8x1B, 8x7B 2L, L0)" "rc=$?"
+    unset CUDA_VISIBLE_DEVICES
+    grep -hE "^8x(1|7)B .*(flash-v0 |flash-v0 no-pp|torch-flash|torch-cudnn)" "$OUT"/speed_attn_*.log
+    grep -h '^|' "$OUT/speed_gg.log" "$OUT/speed_trainer.log"
+    ;;
+  study)
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 scripts/router_precision_study.py >"$OUT/router_study.log" 2>&1
+    add "router precision study" "rc=$?"
+    tail -20 "$OUT/router_study.log"
+    ;;
+  mxgpu)
+    CUDA_VISIBLE_DEVICES=0 timeout 300 "$BIN_DIR/mxtrain_tests" \
+      --gtest_filter='*Mxfp8*:*CudaMx*:Formats/CudaMx*' >"$OUT/mx_tests.log" 2>&1
+    add "MXFP8 CUDA tests" "rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/mx_tests.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]|Failure|Expected|Which is|actual' "$OUT/mx_tests.log" | head -30
+    ;;
+  conv)
+    L0C="--config-name L0_sanity parallelism.ep_size=1 backend=cuda num_train_steps=300 \
+         lr_scheduler_kwargs.num_warmup_steps=20 lr_scheduler_kwargs.num_decay_steps=280"
+    # bf16 and MXFP8 side by side on GPUs 0 and 1, or one after the other on a single GPU.
+    pair() {  # name, mxtrain arguments...
+      local name=$1; shift
+      if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+        CUDA_VISIBLE_DEVICES=0 timeout 400 "$MX" "$@" output_dir="$OUT/conv_${name}_bf16" >"$OUT/conv_${name}_bf16.log" 2>&1 &
+        CUDA_VISIBLE_DEVICES=1 timeout 400 "$MX" "$@" fp8_config.enabled=true output_dir="$OUT/conv_${name}_mx" \
+          >"$OUT/conv_${name}_mx.log" 2>&1
+        wait
+      else
+        CUDA_VISIBLE_DEVICES=0 timeout 400 "$MX" "$@" output_dir="$OUT/conv_${name}_bf16" >"$OUT/conv_${name}_bf16.log" 2>&1
+        CUDA_VISIBLE_DEVICES=0 timeout 400 "$MX" "$@" fp8_config.enabled=true output_dir="$OUT/conv_${name}_mx" \
+          >"$OUT/conv_${name}_mx.log" 2>&1
+      fi
+    }
+    pair l0 $L0C
+    metrics bf16="$OUT/conv_l0_bf16/metrics.jsonl" mxfp8="$OUT/conv_l0_mx/metrics.jsonl" | tail -1
+    C8="--config-name bench_8x1B backend=cuda num_train_steps=300 grad_acc_steps=1 adamw_kwargs.lr=3e-4 \
+        lr_scheduler_kwargs.num_warmup_steps=20 lr_scheduler_kwargs.num_decay_steps=280 logger.frequency=1"
+    pair 8x1b $C8
+    python3 - "$OUT" <<'PY' | tee "$OUT/conv.txt"
+import json, sys
+out = sys.argv[1]
+for name in ("l0", "8x1b"):
+    try:
+        a = [json.loads(l)["loss"] for l in open(f"{out}/conv_{name}_bf16/metrics.jsonl")]
+        b = [json.loads(l)["loss"] for l in open(f"{out}/conv_{name}_mx/metrics.jsonl")]
+    except OSError as e:
+        print(name, e); continue
+    tail = lambda v: sum(v[-20:]) / len(v[-20:])
+    # spikes: a loss above 1.3x the median of the previous 10 steps, after step 50 (step numbers 1-based)
+    spikes = lambda v: [i + 1 for i in range(50, len(v)) if v[i] > 1.3 * sorted(v[i - 10:i])[5]]
+    print(f"{name}: steps bf16 {len(a)} mxfp8 {len(b)}; final (mean of last 20) bf16 {tail(a):.4f} mxfp8 {tail(b):.4f} "
+          f"rel diff {abs(tail(b) - tail(a)) / tail(a):.3%}; max loss after step 50 bf16 {max(a[50:]):.3f} mxfp8 {max(b[50:]):.3f}; "
+          f"spikes bf16 {spikes(a)} mxfp8 {spikes(b)}")
 PY
     python3 scripts/plot_compare.py -o "$OUT/mxfp8_convergence.png" \
       "L0_sanity, 1 GPU, 300 steps:bf16=$OUT/conv_l0_bf16/metrics.jsonl,MXFP8=$OUT/conv_l0_mx/metrics.jsonl" \

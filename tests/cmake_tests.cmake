@@ -27,3 +27,5 @@ endif()
 add_test(NAME pack_devbin COMMAND bash ${CMAKE_SOURCE_DIR}/tests/pack_devbin_test.sh
          ${CMAKE_SOURCE_DIR}/scripts/pack_devbin.sh)
 set_tests_properties(pack_devbin PROPERTIES PASS_REGULAR_EXPRESSION "pack_devbin: all passed")
+add_test(NAME device_script_sections COMMAND bash ${CMAKE_SOURCE_DIR}/tests/device_script_sections.sh
+         ${CMAKE_SOURCE_DIR}/scripts/device_dist_checks.sh)
