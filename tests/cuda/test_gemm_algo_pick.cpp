@@ -33,8 +33,20 @@ TEST(GemmAlgoPick, IndexAndSmallestDimension) {
   EXPECT_TRUE(parse_gemm_algo_pick("15@1").applies(1, 1, 1));
 }
 
+TEST(GemmAlgoPick, OneContractionLength) {
+  const GemmAlgoPick w = parse_gemm_algo_pick("2@K=32768");
+  EXPECT_EQ(w.index, 2);
+  EXPECT_EQ(w.only_k, 32768);
+  EXPECT_TRUE(w.applies(128256, 4096, 32768));   // the LM head's weight gradient over 8 micro-batches
+  EXPECT_FALSE(w.applies(128256, 4096, 4096));   // ... over one
+  EXPECT_FALSE(w.applies(4096, 4096, 128256));   // its dgrad
+  EXPECT_FALSE(w.applies(32768, 32768, 4096));   // M, N are not K
+  EXPECT_FALSE(parse_gemm_algo_pick("0@K=32768").applies(128256, 4096, 32768));
+}
+
 TEST(GemmAlgoPick, MalformedValuesNameTheVariable) {
-  for (const char* v : {"x", "-1", "16", "1@", "@5", "1@0", "1@-3", "1.5", "1@2@3", " 1", "99999999999"}) {
+  for (const char* v : {"x", "-1", "16", "1@", "@5", "1@0", "1@-3", "1.5", "1@2@3", " 1", "99999999999", "1@K=",
+                        "1@K=0", "1@k=5", "1@K=x", "1@KK=5", "1@K=5@3"}) {
     try {
       parse_gemm_algo_pick(v);
       ADD_FAILURE() << "'" << v << "' accepted";
