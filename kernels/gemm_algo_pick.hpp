@@ -2,8 +2,7 @@
 // MXTRAIN_GEMM_ALGO=k[@d|@K=c]: run cuBLASLt's k-th heuristic algorithm (0 = its first, the default) instead of
 // its first, for the GEMMs whose largest of M, N, K is at least d (all without @d; the LM head's GEMMs alone with
 // @65536 at a 128,256-token vocabulary), or with @K=c those whose contraction length K is c (the LM head's one
-// weight-gradient GEMM per step at 8 micro-batches of 4096 tokens: @K=32768). MXTRAIN_GEMM_SWIZZLE takes the same
-// form, k = 1 setting the chosen algorithm's CTA swizzling where cuBLASLt says it supports it. An experiment's knob: under the H200's power cap the fastest algorithm of
+// weight-gradient GEMM per step at 8 micro-batches of 4096 tokens: @K=32768). An experiment's knob: under the H200's power cap the fastest algorithm of
 // a short call need not be the one that holds the highest clock (session 24's CTA pairs). Host only; parsed once
 // by gemm_cublaslt.cu, tested on the CPU (tests/cuda/test_gemm_algo_pick.cpp).
 #include <algorithm>
@@ -23,13 +22,13 @@ struct GemmAlgoPick {
 };
 
 // Parses the variable's value (null or empty: the default); an error naming the variable and the value otherwise.
-inline GemmAlgoPick parse_gemm_algo_pick(const char* value, const char* variable = "MXTRAIN_GEMM_ALGO") {
+inline GemmAlgoPick parse_gemm_algo_pick(const char* value) {
   GemmAlgoPick p;
   if (value == nullptr || *value == 0) return p;
   const std::string s = value;
   const auto bad = [&] {
-    return std::invalid_argument(std::string(variable) + " must be k, k@d or k@K=c (k in 0..15, d, c >= 1), got '" +
-                                 s + "'");
+    return std::invalid_argument("MXTRAIN_GEMM_ALGO must be k, k@d or k@K=c (k in 0..15, d, c >= 1), got '" + s +
+                                 "'");
   };
   const size_t at = s.find('@');
   const std::string k = s.substr(0, at);

@@ -131,18 +131,6 @@ std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
          std::to_string(get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
 }
 
-// MXTRAIN_GEMM_SWIZZLE (gemm_algo_pick.hpp), read once.
-const GemmAlgoPick& swizzle_pick() {
-  static const GemmAlgoPick v = [] {
-    try {
-      return parse_gemm_algo_pick(std::getenv("MXTRAIN_GEMM_SWIZZLE"), "MXTRAIN_GEMM_SWIZZLE");
-    } catch (const std::invalid_argument& e) {
-      cuda::fail("gemm", e.what());
-    }
-  }();
-  return v;
-}
-
 // MXTRAIN_GEMM_ALGO (gemm_algo_pick.hpp), read once.
 const GemmAlgoPick& algo_pick() {
   static const GemmAlgoPick v = [] {
@@ -224,25 +212,6 @@ Plan* make_plan(const PlanKey& k, cublasLtHandle_t lt, int want = 1,
     if (picked)
       std::fprintf(stderr, "mxtrain: gemm %s runs the heuristic's algorithm %d of %d (MXTRAIN_GEMM_ALGO): %s\n",
                    describe(k).c_str(), chosen, found, algo_config(p->algo).c_str());
-    if (swizzle_pick().applies(k.M, k.N, k.K)) {  // an experiment: kept only where cuBLASLt accepts it
-      uint32_t can = 0, on = static_cast<uint32_t>(swizzle_pick().index);
-      size_t written = 0;
-      cublasLtMatmulAlgo_t algo = p->algo;
-      cublasLtMatmulHeuristicResult_t check{};
-      const bool ok =
-          cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, &can, sizeof(can),
-                                            &written) == CUBLAS_STATUS_SUCCESS && can != 0 &&
-          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &on, sizeof(on)) ==
-              CUBLAS_STATUS_SUCCESS &&
-          cublasLtMatmulAlgoCheck(lt, p->op, p->a, p->b, p->c, p->c, &algo, &check) == CUBLAS_STATUS_SUCCESS &&
-          check.workspaceSize <= k.workspace;
-      if (ok) {
-        p->algo = algo;
-        p->workspace_needed = check.workspaceSize;
-      }
-      std::fprintf(stderr, "mxtrain: gemm %s: CTA swizzling %u %s (MXTRAIN_GEMM_SWIZZLE; support %u): %s\n",
-                   describe(k).c_str(), on, ok ? "set" : "refused", can, algo_config(p->algo).c_str());
-    }
     if (more) more->assign(results.begin(), results.begin() + std::min(found, want < 1 ? 1 : want));
     return p;
   } catch (...) {
