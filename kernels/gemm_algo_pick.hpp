@@ -2,9 +2,9 @@
 // MXTRAIN_GEMM_ALGO=k[@d|@K=c]: run cuBLASLt's k-th heuristic algorithm (0 = its first, the default) instead of
 // its first, for the GEMMs whose largest of M, N, K is at least d (all without @d; the LM head's GEMMs alone with
 // @65536 at a 128,256-token vocabulary), or with @K=c those whose contraction length K is c (the LM head's one
-// weight-gradient GEMM per step at 8 micro-batches of 4096 tokens: @K=32768). An experiment's knob: under the H200's power cap the fastest algorithm of
-// a short call need not be the one that holds the highest clock (session 24's CTA pairs). Host only; parsed once
-// by gemm_cublaslt.cu, tested on the CPU (tests/cuda/test_gemm_algo_pick.cpp).
+// weight-gradient GEMM per step at 8 micro-batches of 4096 tokens: @K=32768). An experiment's knob: under the
+// H200's power cap the fastest algorithm of a short call need not be the one that holds the highest clock (session
+// 24's CTA pairs). Host only; parsed once by gemm_cublaslt.cu, tested on the CPU (tests/cuda/test_gemm_algo_pick.cpp).
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>

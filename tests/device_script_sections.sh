@@ -6,7 +6,8 @@ SCRIPT=$1
 bash -n "$SCRIPT" || { echo "FAIL: $SCRIPT does not parse"; exit 1; }
 documented=$(grep -oP '^#   \K[a-z0-9]+(?=  +\S)' "$SCRIPT" | sort -u)
 cases=$(grep -oP '^  \K[a-z0-9]+(?=\))' "$SCRIPT" | sort -u)
-[[ $(wc -l <<<"$documented") -ge 20 ]] || { echo "FAIL: found only $(wc -l <<<"$documented") documented sections"; exit 1; }
+n=$(wc -l <<<"$documented")
+[[ $n -ge 20 ]] || { echo "FAIL: found only $n documented sections (has the header's format changed?)"; exit 1; }
 missing=$(comm -23 <(echo "$documented") <(echo "$cases"))
 [[ -z $missing ]] || { echo "FAIL: documented but without a case: $(echo $missing)"; exit 1; }
-echo "ok: $(wc -l <<<"$documented") documented sections, each with its case"
+echo "ok: $n documented sections, each with its case"
