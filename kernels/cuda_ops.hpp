@@ -107,6 +107,9 @@ class CudaOps : public Ops {
   void grouped_gemm_dgrad(const Tensor& dy, const Tensor& W, const Tensor& offsets, const Tensor& dx) override;
   void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& dW) override;
   void grouped_gemm_wgrad_sets(const std::vector<WgradRowSet>& sets, const Tensor& dW, bool accumulate) override;
+  bool sums_wgrad_norm() const override { return true; }
+  void grouped_gemm_wgrad_sets_norm(const std::vector<WgradRowSet>& sets, const Tensor& dW,
+                                    const Tensor& acc) override;
 
   void mx_quantize(const Tensor& x, const mxfp8::MxView* rowwise, const mxfp8::MxView* colwise) override;
   void mx_dequantize(const mxfp8::MxView& q, const Tensor& out) override;
@@ -144,6 +147,9 @@ class CudaOps : public Ops {
   };
   static LmHeadDims check_lm_head(const char* op, const Tensor& h, const Tensor& W, const Tensor& labels,
                                   const Tensor& loss_sum, const Tensor& dh, const Tensor& dW, const Tensor& dlogits);
+
+  // acc[0] += sum(x[0..n)), in fp64 and in a fixed order: the clipping norm's per-tile partial sums of squares.
+  void sum_values(const float* x, int64_t n, float* acc, const char* op);
 
   CudaContext* ctx_;
   std::unordered_map<void*, size_t> sizes_;  // live allocations, for the memory report

@@ -80,15 +80,16 @@ __global__ void scale_kernel(T* t, float s, int64_t n) {
     cuda::st(t, i, __fmul_rn(cuda::ld(t, i), s));
 }
 
-// Pass 1: block b sums the squares of elements b*blockDim + tid + k*gridDim*blockDim in fp64 and writes its
-// partial. The grid size depends only on n, so the summation order (and the result) is reproducible.
-template <typename T>
+// Pass 1: block b sums the squares (kSquare; else the values) of elements b*blockDim + tid + k*gridDim*blockDim in
+// fp64 and writes its partial. The grid size depends only on n, so the summation order (and the result) is
+// reproducible.
+template <typename T, bool kSquare = true>
 __global__ void sum_squares_partial_kernel(const T* __restrict__ x, int64_t n, double* __restrict__ partials) {
   double s = 0.0;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const double v = cuda::ld(x, i);
-    s += v * v;
+    s += kSquare ? v * v : v;
   }
   s = cuda::block_sum_f64(s);
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
@@ -235,6 +236,17 @@ void CudaOps::sum_squares(const Tensor& t, const Tensor& acc) {
     sum_squares_partial_kernel<<<nblocks, kThreads, 0, ctx_->stream>>>(p.b, n, partials);
   cuda::check_launch(op);
   sum_squares_final_kernel<<<1, kThreads, 0, ctx_->stream>>>(partials, nblocks, a);
+  cuda::check_launch(op);
+}
+
+void CudaOps::sum_values(const float* x, int64_t n, float* acc, const char* op) {
+  if (n <= 0) return;
+  const int64_t want = (n + kThreads - 1) / kThreads;
+  const int nblocks = static_cast<int>(want < kSumSqMaxBlocks ? want : kSumSqMaxBlocks);
+  auto* partials = static_cast<double*>(ctx_->scratch("sum_squares", sizeof(double) * kSumSqMaxBlocks));
+  sum_squares_partial_kernel<float, false><<<nblocks, kThreads, 0, ctx_->stream>>>(x, n, partials);
+  cuda::check_launch(op);
+  sum_squares_final_kernel<<<1, kThreads, 0, ctx_->stream>>>(partials, nblocks, acc);
   cuda::check_launch(op);
 }
 

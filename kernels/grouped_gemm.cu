@@ -410,25 +410,57 @@ void CudaOps::grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor
   cuda::check_launch(op);
 }
 
-// One Hopper pass over every row set where the sm90 kernel applies; else (and for empty sets) one call per set.
-void CudaOps::grouped_gemm_wgrad_sets(const std::vector<WgradRowSet>& sets, const Tensor& dW, bool accumulate) {
-  const char* op = "grouped_gemm_wgrad_sets";
+namespace {
+// The row sets with rows, checked against dW [E, out, in]; empty when there is nothing for the sm90 kernel.
+struct WgradSetRows {
   std::vector<sm90::WgradRows> rows;
   int64_t E = 0, out = 0, in = 0;
-  for (const WgradRowSet& r : sets) {
+  bool any() const { return !rows.empty() && E > 0 && out > 0 && in > 0; }
+};
+WgradSetRows wgrad_set_rows(const std::vector<Ops::WgradRowSet>& sets, const Tensor& dW, const char* op) {
+  WgradSetRows w;
+  for (const Ops::WgradRowSet& r : sets) {
     const int64_t R = r.dy.ndim ? r.dy.shape[0] : 0;
     const Groups g = check_groups(dW, r.offsets, op, "dW");
     check_limits(op, R, g.E);
     expect_rows(r.dy, R, g.out, op, "dy");
     expect_rows(r.x, R, g.in, op, "x");
-    E = g.E, out = g.out, in = g.in;
-    if (R > 0) rows.push_back({cuda::bf16p(r.dy, op, "dy"), cuda::bf16p(r.x, op, "x"), cuda::i32(r.offsets, op, "offsets"), R});
+    w.E = g.E, w.out = g.out, w.in = g.in;
+    if (R > 0)
+      w.rows.push_back({cuda::bf16p(r.dy, op, "dy"), cuda::bf16p(r.x, op, "x"), cuda::i32(r.offsets, op, "offsets"), R});
   }
-  if (!rows.empty() && E > 0 && out > 0 && in > 0 &&
-      sm90::try_grouped_wgrad(rows.data(), static_cast<int>(rows.size()), E, out, in, cuda::f32(dW, op, "dW"), ctx(),
-                              accumulate))
+  return w;
+}
+}  // namespace
+
+// One Hopper pass over every row set where the sm90 kernel applies; else (and for empty sets) one call per set.
+void CudaOps::grouped_gemm_wgrad_sets(const std::vector<WgradRowSet>& sets, const Tensor& dW, bool accumulate) {
+  const char* op = "grouped_gemm_wgrad_sets";
+  const WgradSetRows w = wgrad_set_rows(sets, dW, op);
+  if (w.any() && sm90::try_grouped_wgrad(w.rows.data(), static_cast<int>(w.rows.size()), w.E, w.out, w.in,
+                                         cuda::f32(dW, op, "dW"), ctx(), accumulate))
     return;
   Ops::grouped_gemm_wgrad_sets(sets, dW, accumulate);
+}
+
+// On Hopper the epilogue's per-warp sums of squares of the tiles it stores, summed in order into acc; elsewhere
+// (or where the kernel does not apply) the store, then a pass over dW.
+void CudaOps::grouped_gemm_wgrad_sets_norm(const std::vector<WgradRowSet>& sets, const Tensor& dW,
+                                           const Tensor& acc) {
+  const char* op = "grouped_gemm_wgrad_sets_norm";
+  float* a = cuda::f32(acc, op, "acc");
+  if (acc.numel() < 1) cuda::fail(op, "acc is empty");
+  const WgradSetRows w = wgrad_set_rows(sets, dW, op);
+  if (w.any()) {
+    const int64_t slots = sm90::wgrad_norm_slots(w.E, w.out, w.in);
+    auto* part = static_cast<float*>(ctx_->scratch("wgrad_norm", sizeof(float) * static_cast<size_t>(slots)));
+    if (sm90::try_grouped_wgrad(w.rows.data(), static_cast<int>(w.rows.size()), w.E, w.out, w.in,
+                                cuda::f32(dW, op, "dW"), ctx(), false, part, slots)) {
+      sum_values(part, slots, a, op);
+      return;
+    }
+  }
+  Ops::grouped_gemm_wgrad_sets_norm(sets, dW, acc);
 }
 
 }  // namespace mxt

@@ -156,7 +156,8 @@ struct Params {
                     // dy tile (n-tile unit * 2 + r)
   int32_t prefetch; // wgrad: prefetch each dW tile into L2 (one tensor prefetch, SetMaps::pf) before adding to it
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing,
-                    // 3 = no epilogue (timing only), 4 = wgrad pairs over m-tiles read the wrong x columns
+                    // 3 = no epilogue (timing only), 4 = wgrad pairs over m-tiles read the wrong x columns,
+                    // 5 = the norm's slots leave out lanes 28-31 (rows 7 and 15 of each warp's 16)
   int32_t tail;     // wgrad: a row set's last k-block of an expert (WgradTail)
   int32_t odd_tail;   // fwd / dgrad, CTA pairs: an odd last m-tile over two n-tiles (MXTRAIN_GG_ODD_TAIL=pair)
   int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC); wgrad: the
@@ -166,7 +167,15 @@ struct Params {
   const float* wp;  // forward + SwiGLU, dgrad + SwiGLU: the routing weight of each row [R]
   const bf16* h13;  // dgrad + SwiGLU: the forward's h13 [R, 2N] (out is then dh13 [R, 2N])
   float* part;      // dgrad + SwiGLU: dwp's partial sums [R, ceil(N / BN)]
+  float* sumsq;     // wgrad storing: each warp's sum of squares of the tile it stores (norm_slot), or null
 };
+
+// Wgrad storing with Params::sumsq: the slot of warp w (0..7 over both consumer warpgroups) of the tile at
+// (e, m0, n0): one per warp, no atomics, so that summing the slots in order is reproducible.
+__host__ __device__ inline int64_t norm_slot(int e, int32_t m0, int32_t n0, int32_t M, int32_t N, int bn, int w) {
+  const int64_t all_m = (M + BM - 1) / BM, all_n = (N + bn - 1) / bn;
+  return ((e * all_m + m0 / BM) * all_n + n0 / bn) * 8 + w;
+}
 
 // Wgrad: the operand maps of row sets 1.. (set 0's are tmA / tmB).
 struct SetMaps {
@@ -518,6 +527,19 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
     for (int i = 0; i < C::kAcc; ++i) fence_operand(acc[i]);
     if (it.nk > 0) release(prev);
     if (p.fault == 3) continue;  // timing only (MXTRAIN_GG_FAULT=noepi): the epilogue's cost by difference
+    if constexpr (kMode == Mode::kWgrad) {
+      // The clipping norm's share of this tile, from the registers about to be stored (dW is not read back).
+      if (p.sumsq) {
+        float sq = 0.f;
+#pragma unroll
+        for (int i = 0; i < C::kAcc; ++i) sq = fmaf(acc[i], acc[i], sq);
+        if (p.fault == 5 && lane >= 28) sq = 0.f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        if (lane == 0 && it.m0 < p.K && it.n0 < p.N)
+          p.sumsq[norm_slot(it.e, it.m0, it.n0, p.K, p.N, BN, cw * 4 + warp)] = sq;
+      }
+    }
 
     // Epilogue straight from the accumulator fragments (layout: sm90_wgmma.cuh).
     const int r_local = cw * 64 + warp * 16 + lane / 4;
@@ -987,9 +1009,10 @@ bool l2_hints(int dir) {
   return ((o >= 0 ? o : env) >> dir) & 1;
 }
 
-// MXTRAIN_GG_FAULT=mask|tail|pairm breaks the kernels on purpose, so a GPU run can check that the tests catch it.
+// MXTRAIN_GG_FAULT=mask|tail|pairm|norm breaks the kernels on purpose, so a GPU run can check that the tests catch
+// it.
 int fault_injection() {
-  static const int v = env_choice("MXTRAIN_GG_FAULT", {"none", "mask", "tail", "noepi", "pairm"});
+  static const int v = env_choice("MXTRAIN_GG_FAULT", {"none", "mask", "tail", "noepi", "pairm", "norm"});
   return v;
 }
 
@@ -1300,10 +1323,17 @@ bool try_grouped_dgrad(const bf16* dy, const bf16* W, const int32_t* off, int64_
   return try_rows<Mode::kDgrad>("grouped_gemm_dgrad", dy, W, off, E, R, out, in, dx, ctx);
 }
 
+int64_t wgrad_norm_slots(int64_t E, int64_t out, int64_t in) {
+  const int bn = tile_n();
+  return E * ((out + BM - 1) / BM) * ((in + bn - 1) / bn) * 8;
+}
+
 bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out, int64_t in, float* dW,
-                       CudaContext& ctx, bool accumulate) {
+                       CudaContext& ctx, bool accumulate, float* sumsq, int64_t sumsq_slots) {
   const char* op = "grouped_gemm_wgrad";
   if (nsets < 1 || !wants_sm90() || !device_ok(ctx.device)) return false;
+  // The norm's partials come from one storing launch's epilogue, and fill every slot (dW's every tile is stored).
+  if (sumsq && (accumulate || sumsq_slots < wgrad_norm_slots(E, out, in) || fault_injection() == 3)) return false;
   for (int i = 0; i < nsets; ++i) {
     const WgradRows& r = sets[i];
     if (!shapes_ok(E, r.R, out, in) || !aligned(r.dy, 16) || !aligned(r.x, 16)) return false;  // TMA bases
@@ -1344,6 +1374,7 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
     SetMaps rest;
     Params p;
   };
+  if (sumsq && nsets > per_launch) return false;
   std::vector<Launch> launches;
   for (int first = 0; first < nsets; first += per_launch) {
     const int n = std::min(per_launch, nsets - first);
@@ -1378,6 +1409,7 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
     p.fault = fault_injection();
     p.tail = p.fault == 2 ? kTailNone : wgrad_tail_mode();
     p.out = dW;
+    p.sumsq = sumsq;
     launches.push_back(L);
   }
   for (const Launch& L : launches)

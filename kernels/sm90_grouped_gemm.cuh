@@ -88,7 +88,11 @@ struct WgradRows {
 // dW[e] += (accumulate) or = (not: experts without rows get zeros) the sum over the sets, in order, of
 // dy_e^T x_e: each output tile contracts every set's rows of its expert before its one read-add-write or store.
 // Sets need R >= 1. Up to 8 sets (fewer at E > 64) run in one launch, more in several.
+// With sumsq (accumulate false, at least wgrad_norm_slots floats): also each stored tile's sum of squares, per
+// consumer warp, into sumsq[0, wgrad_norm_slots) (their sum is sum(dW^2)); false (nothing launched) when the call
+// would not be one storing launch.
 bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out, int64_t in, float* dW,
-                       CudaContext& ctx, bool accumulate = true);
+                       CudaContext& ctx, bool accumulate = true, float* sumsq = nullptr, int64_t sumsq_slots = 0);
+int64_t wgrad_norm_slots(int64_t E, int64_t out, int64_t in);
 
 }  // namespace mxt::sm90

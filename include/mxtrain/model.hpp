@@ -127,6 +127,13 @@ class MixtralModel {
   void set_micro_batch(int64_t index, int64_t count, bool overwrite_expert_grads = false);
   // Whether set_micro_batch's overwrite_expert_grads takes effect (the bf16 experts; the MXFP8 ones add).
   bool overwrites_expert_grads() const { return !mx_; }
+  // Where each bf16 expert weight gradient is one storing GEMM per step (overwritten, in groups covering all
+  // `count` micro-batches), that GEMM can add the gradient's sum of squares for the clipping norm as it stores it:
+  // set_expert_grad_norm(acc) makes the steps that overwrite (set_micro_batch) add into acc (F32 [1]; empty:
+  // stop). The caller zeroes acc per step and must not reduce the expert gradients afterwards (one replica of
+  // each expert).
+  bool can_add_expert_grad_norm(int64_t count) const { return !mx_ && wgrad_group_ >= count; }
+  void set_expert_grad_norm(const Tensor& acc) { grad_norm_acc_ = acc; }
 
   // One micro-batch. loss_sum[0] += summed token cross-entropy. With compute_grad, gradients of
   // ce_scale * sum(token CE) + aux_scale * coef * aux_loss are accumulated into the gradient buffers.
@@ -205,6 +212,7 @@ class MixtralModel {
   Tensor lm_dz_, lm_h_;
   void lm_head_backward_grouped(const MicroBatch& mb, float ce_scale, const Tensor& loss_sum);
   bool overwrite_grads_ = false;   // the step's first group writes the expert gradients
+  Tensor grad_norm_acc_;           // set_expert_grad_norm
   LayerMxWeights mx_col_;          // cache_columnwise_weights=false: every layer's columnwise copies, shared
   bool mx_bf16_ = false;           // fp8_config.hopper_gemm=bf16 (the weights' deq copies; codes shared in mx_stage_)
   LayerMxWeights mx_stage_;        // hopper_gemm=bf16: one layer's weight codes, dequantised into each layer's copies

@@ -198,6 +198,15 @@ class Ops {
     if (!accumulate) zero(dW);
     for (const WgradRowSet& r : sets) grouped_gemm_wgrad(r.dy, r.x, r.offsets, dW);
   }
+  // grouped_gemm_wgrad_sets storing dW (not accumulating), and acc[0] += sum(dW^2) (F32 acc) for the clipping
+  // norm. CudaOps sums the squares in the GEMM's epilogue, from the values it stores, instead of reading dW back;
+  // sums_wgrad_norm says whether this backend does (else the trainer keeps its one pass over all gradients).
+  virtual bool sums_wgrad_norm() const { return false; }
+  virtual void grouped_gemm_wgrad_sets_norm(const std::vector<WgradRowSet>& sets, const Tensor& dW,
+                                            const Tensor& acc) {
+    grouped_gemm_wgrad_sets(sets, dW, false);
+    sum_squares(dW, acc);
+  }
 
   // ---- MXFP8 (fp8_config.enabled; formats, layouts and operand directions: mxtrain/mxfp8.hpp) ----------
   // Quantises x ([rows, cols] or [batch, rows, cols], act dtype) into the rowwise and / or columnwise copy

@@ -119,6 +119,7 @@ class Trainer {
   double forward_backward_graphed(int64_t i, float ce_scale, float aux_scale, uint64_t jitter_seed);
   std::vector<MicroGraph> graphs_;
   bool graphs_on_ = false, graphs_warm_ = false;
+  bool expert_norm_in_wgrad_ = false;  // the expert weight-gradient GEMMs add to norm_acc_ (one replica each)
   bool dense_master_sharded_ = false;  // world > 1: each rank keeps only its ZeRO shard of the dense fp32 master
 
   TrainConfig cfg_;

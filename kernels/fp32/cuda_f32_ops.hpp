@@ -42,6 +42,11 @@ class CudaF32Ops : public CudaOps {
   void grouped_gemm_wgrad_sets(const std::vector<WgradRowSet>& sets, const Tensor& dW, bool accumulate) override {
     Ops::grouped_gemm_wgrad_sets(sets, dW, accumulate);
   }
+  bool sums_wgrad_norm() const override { return false; }
+  void grouped_gemm_wgrad_sets_norm(const std::vector<WgradRowSet>& sets, const Tensor& dW,
+                                    const Tensor& acc) override {
+    Ops::grouped_gemm_wgrad_sets_norm(sets, dW, acc);
+  }
   void grouped_gemm_swiglu(const Tensor& x, const Tensor& W13, const Tensor& offsets, const Tensor& wp,
                            const Tensor& h13, const Tensor& a) override {
     Ops::grouped_gemm_swiglu(x, W13, offsets, wp, h13, a);

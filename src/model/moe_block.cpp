@@ -3,6 +3,7 @@
 // parallelism only, moe_dispatch.cpp) move rows to and from the ranks that own their experts; the experts
 // then run on n received rows with this rank's local expert offsets.
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include "linear.hpp"
@@ -107,7 +108,14 @@ void MixtralModel::experts_backward(int l, int64_t n, const Tensor& off, const T
     std::vector<Ops::WgradRowSet> sets = held_sets(l, hdy, hx);
     if (n > 0) sets.push_back({dy.rows(0, n), x.rows(0, n), off});
     TraceScope trace("experts wgrad");
-    ops_.grouped_gemm_wgrad_sets(sets, dW, accumulate);
+    if (!grad_norm_acc_.data || !overwrite_grads_) {
+      ops_.grouped_gemm_wgrad_sets(sets, dW, accumulate);
+      return;
+    }
+    // The step's one storing GEMM per weight also sums its squares for the clipping norm (set_expert_grad_norm).
+    if (accumulate || !can_add_expert_grad_norm(mb_count_))
+      throw std::logic_error("set_expert_grad_norm: the expert weight gradients are not one storing GEMM per step");
+    ops_.grouped_gemm_wgrad_sets_norm(sets, dW, grad_norm_acc_);
   };
   if (n > 0 && hold) {  // operands not already in the held buffers (set_micro_batch, moe_backward) are copied
     if (dye.data != h->dye.data) ops_.copy(dye.rows(0, n), h->dye.rows(0, n));

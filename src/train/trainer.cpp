@@ -6,7 +6,9 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 
 #include "cpu/cpu_ops.hpp"
 #include "mxtrain/checkpoint.hpp"
@@ -140,6 +142,15 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
                                           cfg.dataset.max_seq_length, layout_, true, ep, cfg.fp8,
                                           cfg.recompute_experts, expert_wgrad_group(cfg), lm_head_wgrad_group(cfg));
   model_->bind(dense_.working, expert_weights(), dense_.grad, expert_.grad);
+  // One replica of each expert: its gradient is final where its GEMM stores it, so the GEMM's epilogue adds its
+  // sum of squares to the clipping norm instead of a second pass over the expert gradients (0.6% of the 8x7B
+  // step; docs/perf.md, session 33).
+  // MXTRAIN_EXPERT_NORM=separate keeps the separate pass (A/B runs).
+  const char* norm_env = std::getenv("MXTRAIN_EXPERT_NORM");
+  expert_norm_in_wgrad_ = ops_.sums_wgrad_norm() && !(norm_env && std::string(norm_env) == "separate") &&
+                          !expert_shard_.comm && model_->overwrites_expert_grads() &&
+                          model_->can_add_expert_grad_norm(cfg.grad_acc_steps);
+  if (expert_norm_in_wgrad_) model_->set_expert_grad_norm(norm_acc_);
   for (int64_t l = 0; l < cfg.model.num_hidden_layers; ++l)
     for (int64_t e = 0; e < cfg.model.num_local_experts; ++e) expert_origin_.push_back(static_cast<int32_t>(e));
   if (!cfg.checkpoint.ckpt_dir.empty())
@@ -312,6 +323,7 @@ StepResult Trainer::train_step() {
     ops_.zero(expert_.grad);
   }
   ops_.zero(loss_slots_);
+  ops_.zero(norm_acc_);  // the experts' weight-gradient GEMMs may add to it (expert_norm_in_wgrad_)
   model_->reset_expert_rows();  // ep_rebalance_interval decides by this step's routing alone
   std::vector<int64_t> n_valid(acc);
   double aux_sum = 0;
@@ -364,9 +376,8 @@ StepResult Trainer::train_step() {
   const Tensor dense_g = dense_.grad.rows(dense_shard_.offset, dense_shard_.shard);
   const Tensor expert_g = expert_.grad.rows(expert_shard_.offset, expert_shard_.shard);
   // The shards are disjoint and together cover every dense element once and every expert once.
-  ops_.zero(norm_acc_);
   ops_.sum_squares(dense_g, norm_acc_);
-  ops_.sum_squares(expert_g, norm_acc_);
+  if (!expert_norm_in_wgrad_) ops_.sum_squares(expert_g, norm_acc_);
   float norm_sq = 0;
   ops_.download(&norm_sq, norm_acc_.data, sizeof(float));
   double norm_sq_all = norm_sq;

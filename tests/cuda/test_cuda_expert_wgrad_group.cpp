@@ -71,21 +71,29 @@ std::vector<float> cpu_sets(Ops& cpu, std::vector<RowSet>& sets, int64_t out, in
   return ref;
 }
 
+// The row sets on the device (dy and x in bf16).
+struct DeviceSets {
+  std::vector<DeviceTensor> keep;
+  std::vector<Ops::WgradRowSet> sets;
+  DeviceSets(Ops& gpu, const std::vector<RowSet>& host_sets, int64_t out, int64_t in) {
+    const int64_t E = static_cast<int64_t>(host_sets[0].loads.size());
+    for (const RowSet& r : host_sets) {
+      keep.push_back(upload(gpu, r.dy, DType::BF16, {r.R, out}));
+      keep.push_back(upload(gpu, r.x, DType::BF16, {r.R, in}));
+      keep.push_back(upload_i32(gpu, r.off, {E + 1}));
+      sets.push_back({keep[keep.size() - 3].t, keep[keep.size() - 2].t, keep.back().t});
+    }
+  }
+};
+
 // The same on the device, with the kernel settings in force; asserts that the Hopper kernel ran.
 std::vector<float> gpu_sets(Ops& gpu, const std::vector<RowSet>& sets, int64_t out, int64_t in,
                             const std::vector<float>& dw0, bool accumulate) {
   const int64_t E = static_cast<int64_t>(sets[0].loads.size());
-  std::vector<DeviceTensor> keep;
-  std::vector<Ops::WgradRowSet> dev_sets;
-  for (const RowSet& r : sets) {
-    keep.push_back(upload(gpu, r.dy, DType::BF16, {r.R, out}));
-    keep.push_back(upload(gpu, r.x, DType::BF16, {r.R, in}));
-    keep.push_back(upload_i32(gpu, r.off, {E + 1}));
-    dev_sets.push_back({keep[keep.size() - 3].t, keep[keep.size() - 2].t, keep.back().t});
-  }
+  const DeviceSets dev(gpu, sets, out, in);
   auto DW = upload(gpu, dw0, DType::F32, {E, out, in});
   sm90::note_grouped_impl("none");
-  gpu.grouped_gemm_wgrad_sets(dev_sets, DW, accumulate);
+  gpu.grouped_gemm_wgrad_sets(dev.sets, DW, accumulate);
   EXPECT_STREQ(sm90::last_grouped_impl(), "sm90");
   return download(gpu, DW);
 }
@@ -246,21 +254,61 @@ TEST(CudaExpertWgradGroup, FallbackWithoutTheHopperKernel) {
     std::vector<Ops::WgradRowSet> host_sets;
     for (RowSet& r : sets) host_sets.push_back({host(r.dy, {r.R, out}), host(r.x, {r.R, in}), host_i32(r.off, {E + 1})});
     cpu->grouped_gemm_wgrad_sets(host_sets, host(ref, {E, out, in}), accumulate);
-    std::vector<DeviceTensor> keep;
-    std::vector<Ops::WgradRowSet> dev_sets;
-    for (const RowSet& r : sets) {
-      keep.push_back(upload(*gpu, r.dy, DType::BF16, {r.R, out}));
-      keep.push_back(upload(*gpu, r.x, DType::BF16, {r.R, in}));
-      keep.push_back(upload_i32(*gpu, r.off, {E + 1}));
-      dev_sets.push_back({keep[keep.size() - 3].t, keep[keep.size() - 2].t, keep.back().t});
-    }
+    const DeviceSets dev(*gpu, sets, out, in);
     auto DW = upload(*gpu, dw0, DType::F32, {E, out, in});
     sm90::set_grouped_impl(sm90::GroupedImpl::Wmma);
-    gpu->grouped_gemm_wgrad_sets(dev_sets, DW, accumulate);
+    gpu->grouped_gemm_wgrad_sets(dev.sets, DW, accumulate);
     const std::string impl = sm90::last_grouped_impl();
     sm90::set_grouped_impl(sm90::GroupedImpl::Auto);
     EXPECT_EQ(impl, "wmma");
     EXPECT_CLOSE_REL(download(*gpu, DW), ref, 1e-5);
+  }
+}
+
+// With the clipping norm (grouped_gemm_wgrad_sets_norm): dW bit for bit as the storing call writes it, and acc
+// grown by sum(dW^2) (fp32 sums over each warp's 4,096 values, then fp64 over the slots: 1e-5 relative), at both
+// tile widths, 1 CTA and pairs over m- and n-tiles (3 x 3 tiles: the last n-pair's second CTA has no tile), both
+// epilogues; nine sets (two launches) take the store and a separate pass. MXTRAIN_GG_FAULT=norm fails it.
+TEST(CudaExpertWgradGroup, NormSumsTheStoredSquares) {
+  MXT_REQUIRE_SM90();
+  auto gpu = make_cuda_ops();
+  ASSERT_TRUE(gpu->sums_wgrad_norm());
+  struct Case {
+    int64_t out, in;
+    int nsets;
+  };
+  for (const Case& c : {Case{136, 72, 2}, Case{384, 640, 3}, Case{128, 200, 9}}) {
+    std::vector<RowSet> sets;
+    for (int i = 0; i < c.nsets; ++i)
+      sets.push_back(make_set({40 + 31 * i, i % 2 ? 0 : 66, 129 - 7 * i}, i % 3, c.out, c.in, 200 + 2 * i));
+    const int64_t E = 3;
+    const auto dw0 = randn(E * c.out * c.in, 300 + c.nsets);
+    const DeviceSets dev(*gpu, sets, c.out, c.in);
+    for (int bn : {256, 128}) {
+      for (int cl : {1, 2, 3}) {
+        for (int tma : {1, 0}) {
+          SCOPED_TRACE("out " + std::to_string(c.out) + " in " + std::to_string(c.in) + " sets " +
+                       std::to_string(c.nsets) + " BN " + std::to_string(bn) + " cluster " +
+                       sm90::cluster_code_name(cl) + (tma ? " TMA" : " direct"));
+          Guard guard;
+          sm90::set_grouped_tile_n(bn);
+          sm90::use_cluster_code(cl);
+          sm90::set_grouped_wgrad_tma(tma);
+          const std::vector<float> stored = gpu_sets(*gpu, sets, c.out, c.in, dw0, false);
+          auto DW = upload(*gpu, dw0, DType::F32, {E, c.out, c.in});
+          auto ACC = upload(*gpu, std::vector<float>{0.75f}, DType::F32, {1});
+          sm90::note_grouped_impl("none");
+          gpu->grouped_gemm_wgrad_sets_norm(dev.sets, DW, ACC);
+          EXPECT_STREQ(sm90::last_grouped_impl(), "sm90");
+          const std::vector<float> got = download(*gpu, DW);
+          ASSERT_EQ(got.size(), stored.size());
+          EXPECT_EQ(0, std::memcmp(got.data(), stored.data(), got.size() * sizeof(float)));
+          double ref = 0.75;
+          for (float v : got) ref += static_cast<double>(v) * v;
+          EXPECT_NEAR(download(*gpu, ACC)[0], ref, 1e-5 * ref);
+        }
+      }
+    }
   }
 }
 
