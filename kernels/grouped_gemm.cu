@@ -427,7 +427,8 @@ WgradSetRows wgrad_set_rows(const std::vector<Ops::WgradRowSet>& sets, const Ten
     expect_rows(r.x, R, g.in, op, "x");
     w.E = g.E, w.out = g.out, w.in = g.in;
     if (R > 0)
-      w.rows.push_back({cuda::bf16p(r.dy, op, "dy"), cuda::bf16p(r.x, op, "x"), cuda::i32(r.offsets, op, "offsets"), R});
+      w.rows.push_back(
+          {cuda::bf16p(r.dy, op, "dy"), cuda::bf16p(r.x, op, "x"), cuda::i32(r.offsets, op, "offsets"), R});
   }
   return w;
 }
