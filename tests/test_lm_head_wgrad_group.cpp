@@ -17,7 +17,10 @@
 #include "tiny_config.hpp"
 #include "trained_run.hpp"
 #include "mxtrain/config.hpp"
+#include "mxtrain/data.hpp"
+#include "mxtrain/model.hpp"
 #include "mxtrain/ops.hpp"
+#include "mxtrain/params.hpp"
 #include "mxtrain/trainer.hpp"
 
 namespace mxt::testing {
@@ -96,6 +99,52 @@ TEST(LmHeadWgradGroup, TrainsLikeOneGemmPerMicroBatch) {
       EXPECT_LT(rel_l2(b.expert, a.expert), 1e-5);
       EXPECT_LT(a.losses.back(), a.losses.front()) << "the run did not train";
     }
+  }
+}
+
+// The model on its own: with overwrite, the step's first group stores the LM head's gradient, so a gradient that
+// starts as NaN there ends equal to a zeroed one added to (same G, every grouping of a 4-micro-batch step); the
+// rest of the dense gradients are still added to.
+TEST(LmHeadWgradGroup, FirstGroupOverwritesTheHeadGradient) {
+  const ModelConfig cfg = tiny_model(37, 16, 24, 16);
+  const ParamLayout layout = ParamLayout::build(cfg, 0, cfg.num_local_experts);
+  const ParamInfo& head = layout.find("lm_head.weight");
+  std::vector<float> dense, expert;
+  init_params_host(layout, cfg, 7, dense, expert);
+  const int64_t B = 2, S = 8, T = B * S, acc = 4;
+  std::mt19937 rng(11);
+  std::vector<std::vector<int32_t>> ids(acc), labels(acc);
+  std::vector<int32_t> pos;
+  for (int64_t i = 0; i < T; ++i) pos.push_back(static_cast<int32_t>(i % S));
+  for (int64_t m = 0; m < acc; ++m)
+    for (int64_t i = 0; i < T; ++i) {
+      ids[m].push_back(static_cast<int32_t>(rng() % cfg.vocab_size));
+      labels[m].push_back(static_cast<int32_t>(rng() % cfg.vocab_size));
+    }
+  auto grads = [&](int64_t group, bool overwrite) {
+    auto ops = make_cpu_ops();
+    MixtralModel model(cfg, *ops, B, S, layout, true, {}, {}, false, 1, group);
+    EXPECT_EQ(model.overwrites_lm_head_grad(), group > 1);
+    std::vector<float> gd(dense.size(), 0.f), ge(expert.size(), 0.f);
+    if (overwrite) std::fill(gd.begin() + head.offset, gd.begin() + head.offset + head.numel, NAN);
+    model.bind(F(dense, {(int64_t)dense.size()}), F(expert, {(int64_t)expert.size()}), F(gd, {(int64_t)gd.size()}),
+               F(ge, {(int64_t)ge.size()}));
+    for (int64_t m = 0; m < acc; ++m) {
+      model.set_micro_batch(m, acc, overwrite);
+      const MicroBatch mb{Tensor(ids[m].data(), DType::I32, {T}), Tensor(labels[m].data(), DType::I32, {T}),
+                          Tensor(pos.data(), DType::I32, {T})};
+      float sum = 0;
+      model.forward_backward(mb, 1.f / T, 1.f, Tensor(&sum, DType::F32, {1}), true, 1234);
+    }
+    return gd;
+  };
+  for (const int64_t group : {2, 3, 4}) {
+    SCOPED_TRACE("group " + std::to_string(group));
+    const std::vector<float> added = grads(group, false), stored = grads(group, true);
+    double head_sq = 0;
+    for (int64_t i = head.offset; i < head.offset + head.numel; ++i) head_sq += double(added[i]) * added[i];
+    EXPECT_GT(head_sq, 0.0) << "the LM head's gradient is zero: nothing is tested";
+    EXPECT_EQ(added, stored);  // == per element: a stored -0 equals an added +0
   }
 }
 

@@ -121,12 +121,14 @@ class MixtralModel {
 
   // Which micro-batch of the optimizer step the next forward_backward is (index of count): with
   // expert_wgrad_micro_batches G > 1, micro-batches [jG, jG + G) form a group whose last one contracts the
-  // others' held expert weight-gradient operands. overwrite_expert_grads: the step's first group writes the
-  // expert gradients instead of adding to them (the caller did not zero them; see overwrites_expert_grads).
-  // The default (0 of 1, adding) never holds.
-  void set_micro_batch(int64_t index, int64_t count, bool overwrite_expert_grads = false);
-  // Whether set_micro_batch's overwrite_expert_grads takes effect (the bf16 experts; the MXFP8 ones add).
+  // others' held expert weight-gradient operands. overwrite: the step's first group writes the gradients the model
+  // can overwrite (overwrites_expert_grads, overwrites_lm_head_grad) instead of adding to them (the caller did not
+  // zero those). The default (0 of 1, adding) never holds.
+  void set_micro_batch(int64_t index, int64_t count, bool overwrite = false);
+  // Whether set_micro_batch's overwrite takes effect for the expert gradients (the bf16 experts; the MXFP8 ones
+  // add) and for the LM head's (lm_head_wgrad_micro_batches > 1: its grouped weight-gradient GEMM stores).
   bool overwrites_expert_grads() const { return !mx_; }
+  bool overwrites_lm_head_grad() const { return lm_group_ > 1; }
   // Where each bf16 expert weight gradient is one storing GEMM per step (overwritten, in groups covering all
   // `count` micro-batches), that GEMM can add the gradient's sum of squares for the clipping norm as it stores it:
   // set_expert_grad_norm(acc) makes the steps that overwrite (set_micro_batch) add into acc (F32 [1]; empty:
@@ -212,6 +214,7 @@ class MixtralModel {
   Tensor lm_dz_, lm_h_;
   void lm_head_backward_grouped(const MicroBatch& mb, float ce_scale, const Tensor& loss_sum);
   bool overwrite_grads_ = false;   // the step's first group writes the expert gradients
+  bool overwrite_lm_ = false;      // ... and the LM head's
   Tensor grad_norm_acc_;           // set_expert_grad_norm
   LayerMxWeights mx_col_;          // cache_columnwise_weights=false: every layer's columnwise copies, shared
   bool mx_bf16_ = false;           // fp8_config.hopper_gemm=bf16 (the weights' deq copies; codes shared in mx_stage_)

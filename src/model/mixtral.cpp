@@ -223,10 +223,11 @@ MixtralModel::MixtralModel(const ModelConfig& cfg, Ops& ops, int64_t micro_batch
 // A micro-batch that holds its expert operands runs its forward with the experts' input and SwiGLU output in
 // the held buffers themselves, so its backward has nothing to copy there (the recomputed SwiGLU output is
 // shared scratch: that one is still copied).
-void MixtralModel::set_micro_batch(int64_t index, int64_t count, bool overwrite_expert_grads) {
+void MixtralModel::set_micro_batch(int64_t index, int64_t count, bool overwrite) {
   mb_index_ = index;
   mb_count_ = count;
-  overwrite_grads_ = overwrite_expert_grads && overwrites_expert_grads();
+  overwrite_grads_ = overwrite && overwrites_expert_grads();
+  overwrite_lm_ = overwrite && overwrites_lm_head_grad();
   if (held_.empty() || mx_) return;  // MXFP8 dequantises into the held buffers in its backward
   const bool hold = holds_wgrad();
   for (size_t l = 0; l < acts_.size(); ++l) {
@@ -283,7 +284,8 @@ const char* trace_name(int layer, int stage) {
 
 // lm_head_wgrad_micro_batches G > 1: this micro-batch's logit gradients and final hidden states go to its slot of
 // the held buffers; the group's last micro-batch (or the step's) adds dW += dlogits^T h over all the group's rows
-// in one GEMM, so dW's fp32 read-add-write happens once per group (the rows in micro-batch order).
+// in one GEMM, so dW's fp32 read-add-write happens once per group (the rows in micro-batch order). The step's first
+// group stores dW instead, when set_micro_batch says so (no zeroing, no read of dW).
 void MixtralModel::lm_head_backward_grouped(const MicroBatch& mb, float ce_scale, const Tensor& loss_sum) {
   const int64_t slot = mb_index_ % lm_group_, V = cfg_.vocab_size;
   ops_.copy(ln_final_, lm_h_.rows(slot * T_, T_));
@@ -291,7 +293,8 @@ void MixtralModel::lm_head_backward_grouped(const MicroBatch& mb, float ce_scale
                     lm_dz_.rows(slot * T_, T_));
   if (holds_for_group(lm_group_)) return;
   const int64_t rows = (slot + 1) * T_;
-  ops_.gemm(true, false, V, d_, rows, 1.f, lm_dz_.rows(0, rows), lm_h_.rows(0, rows), 1.f, g_.lm_head);
+  const float beta = overwrite_lm_ && mb_index_ < lm_group_ ? 0.f : 1.f;
+  ops_.gemm(true, false, V, d_, rows, 1.f, lm_dz_.rows(0, rows), lm_h_.rows(0, rows), beta, g_.lm_head);
 }
 
 double MixtralModel::forward_backward(const MicroBatch& mb, float ce_scale, float aux_scale,

@@ -312,11 +312,18 @@ StepResult Trainer::train_step() {
     graphs_on_ = true;
     if (rank_ == 0) spdlog::info("cuda_graphs: each micro-batch's forward + backward captured once, then replayed");
   }
-  ops_.zero(dense_.grad);
-  // The bf16 experts' first weight-gradient GEMM of the step stores its sums: no zeroing, no first read (only
-  // the sharding padding past the experts' gradients is zeroed).
-  const bool overwrite = model_->overwrites_expert_grads();
-  if (overwrite) {
+  // The first weight-gradient GEMM of the step stores its sums where the model can (the bf16 experts; the LM
+  // head with lm_head_wgrad_micro_batches > 1): no zeroing, no first read of those (the rest of their buffers, and
+  // the sharding padding, is zeroed).
+  if (model_->overwrites_lm_head_grad()) {
+    const ParamInfo& head = layout_.find("lm_head.weight");
+    const int64_t end = head.offset + head.numel, padded = dense_.grad.numel();
+    ops_.zero(dense_.grad.rows(0, head.offset));
+    if (padded > end) ops_.zero(dense_.grad.rows(end, padded - end));
+  } else {
+    ops_.zero(dense_.grad);
+  }
+  if (model_->overwrites_expert_grads()) {
     const int64_t numel = layout_.expert_numel, padded = expert_.grad.numel();
     if (padded > numel) ops_.zero(expert_.grad.rows(numel, padded - numel));
   } else {
@@ -340,7 +347,7 @@ StepResult Trainer::train_step() {
     TraceScope trace("micro_batch " + std::to_string(i));
     const bool overlap = i == acc - 1 && cfg_.parallelism.overlap_grad_reduce;
     if (overlap) model_->set_grads_done_hook([this](int part) { start_grad_reduce(part); });
-    model_->set_micro_batch(i, acc, overwrite);
+    model_->set_micro_batch(i, acc, true);
     aux_sum += forward_backward_graphed(i, ce_scale, 1.f / static_cast<float>(micro_total), jitter_seed);
     if (overlap) model_->set_grads_done_hook({});
   }
