@@ -19,9 +19,7 @@
 //
 // Labels: -100 is ignored (zero loss, zero gradient row). A label outside [0, V) cannot be reported without a
 // host sync, so it makes loss_sum NaN (visible in the logged loss) and gets a zero gradient row.
-#include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "cuda_common.cuh"
@@ -76,67 +74,50 @@ __global__ void ce_rows_kernel(cuda::bf16* __restrict__ z, const int32_t* __rest
 }
 
 // ce_rows_kernel with 16-byte accesses (V % 8 == 0, logits 16-byte aligned: every vocabulary of the configs):
-// the running max moves once per 8 logits, which also saves exponentials. Block b takes rows b, b + grid, ...: with
-// one block per SM (ce_rows_resident) the rows in flight (132 x 256 KB at V = 128256) fit in L2, so the second
-// pass reads its row from L2 instead of HBM (with a block per row, about 4 per SM, they did not: 3 row transfers
-// of HBM instead of 2). The second pass walks the row backwards, from what the first pass read last.
+// the running max moves once per 8 logits, which also saves exponentials.
 __global__ void ce_rows_vec_kernel(cuda::bf16* __restrict__ z, const int32_t* __restrict__ labels, int64_t V,
-                                   int64_t n, float grad_scale, bool grad, float* __restrict__ row_loss) {
-  const int64_t V8 = V / 8;
-  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
-    cuda::bf16* row = z + r * V;
-    const int32_t y = labels[r];
-    if (y == kIgnore || y < 0 || y >= V) {  // uniform over the block
-      if (grad) {
-        const float zero[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        for (int64_t c = threadIdx.x; c < V8; c += blockDim.x) cuda::store8(row + c * 8, zero);
-      }
-      if (threadIdx.x == 0) row_loss[r] = y == kIgnore ? 0.f : NAN;
-      continue;
+                                   float grad_scale, bool grad, float* __restrict__ row_loss) {
+  const int64_t r = blockIdx.x, V8 = V / 8;
+  cuda::bf16* row = z + r * V;
+  const int32_t y = labels[r];
+  if (y == kIgnore || y < 0 || y >= V) {
+    if (grad) {
+      const float zero[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      for (int64_t c = threadIdx.x; c < V8; c += blockDim.x) cuda::store8(row + c * 8, zero);
     }
-    const float zy = cuda::ld(row, y);
-    float m = -INFINITY, s = 0.f;
-    for (int64_t c = threadIdx.x; c < V8; c += blockDim.x) {
-      float x[8];
-      cuda::load8(row + c * 8, x);
-      float mx = x[0];
-#pragma unroll
-      for (int k = 1; k < 8; ++k) mx = fmaxf(mx, x[k]);
-      if (mx > m) {
-        s = m == -INFINITY ? 0.f : s * expf(m - mx);
-        m = mx;
-      }
-#pragma unroll
-      for (int k = 0; k < 8; ++k) s += expf(x[k] - m);
-    }
-    const float M = cuda::block_max(m);
-    const float S = cuda::block_sum(m == -INFINITY ? 0.f : s * expf(m - M));  // its barriers end every read of zy
-    const float lse = M + logf(S);
-    if (threadIdx.x == 0) row_loss[r] = lse - zy;
-    if (!grad) continue;
-    for (int64_t c = V8 - 1 - threadIdx.x; c >= 0; c -= blockDim.x) {
-      float x[8];
-      cuda::load8(row + c * 8, x);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float p = expf(x[k] - lse);
-        x[k] = grad_scale * (c * 8 + k == y ? p - 1.f : p);
-      }
-      cuda::store8(row + c * 8, x);
-    }
+    if (threadIdx.x == 0) row_loss[r] = y == kIgnore ? 0.f : NAN;
+    return;
   }
-}
-
-// MXTRAIN_CE_ROWS=resident (default: one 1024-thread block per SM walking the rows) | block (a 512-thread block per
-// row, as before session 33).
-bool ce_rows_resident() {
-  static const bool v = [] {
-    const char* e = std::getenv("MXTRAIN_CE_ROWS");
-    if (!e || std::string(e) == "resident") return true;
-    if (std::string(e) == "block") return false;
-    cuda::fail("lm_head_loss", std::string("MXTRAIN_CE_ROWS must be resident or block, got '") + e + "'");
-  }();
-  return v;
+  const float zy = cuda::ld(row, y);
+  float m = -INFINITY, s = 0.f;
+  for (int64_t c = threadIdx.x; c < V8; c += blockDim.x) {
+    float x[8];
+    cuda::load8(row + c * 8, x);
+    float mx = x[0];
+#pragma unroll
+    for (int k = 1; k < 8; ++k) mx = fmaxf(mx, x[k]);
+    if (mx > m) {
+      s = m == -INFINITY ? 0.f : s * expf(m - mx);
+      m = mx;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s += expf(x[k] - m);
+  }
+  const float M = cuda::block_max(m);
+  const float S = cuda::block_sum(m == -INFINITY ? 0.f : s * expf(m - M));
+  const float lse = M + logf(S);
+  if (threadIdx.x == 0) row_loss[r] = lse - zy;
+  if (!grad) return;
+  for (int64_t c = threadIdx.x; c < V8; c += blockDim.x) {
+    float x[8];
+    cuda::load8(row + c * 8, x);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float p = expf(x[k] - lse);
+      x[k] = grad_scale * (c * 8 + k == y ? p - 1.f : p);
+    }
+    cuda::store8(row + c * 8, x);
+  }
 }
 
 // One block: loss_sum[0] += sum_t row_loss[t], in fp64 and a fixed order.
@@ -202,12 +183,8 @@ void CudaOps::lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& label
     const Tensor Z(logits, DType::BF16, {n, V}, Device::CUDA);
     gemm(false, true, n, V, d, 1.f, hc, W, 0.f, Z);  // bf16 logits, as HF
     if (V % 8 == 0 && cuda::aligned16(logits))
-    {
-      const bool resident = ce_rows_resident();
-      const int64_t blocks = resident ? std::min<int64_t>(n, std::max(1, ctx().num_sms)) : n;
-      ce_rows_vec_kernel<<<static_cast<unsigned>(blocks), resident ? 1024 : kRowThreads, 0, st>>>(
-          logits, lab + t0, V, n, grad_scale, grad, row_loss + t0);
-    }
+      ce_rows_vec_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
+                                                                           row_loss + t0);
     else
       ce_rows_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
                                                                        row_loss + t0);
