@@ -177,6 +177,16 @@ __host__ __device__ inline int64_t norm_slot(int e, int32_t m0, int32_t n0, int3
   return ((e * all_m + m0 / BM) * all_n + n0 / bn) * 8 + w;
 }
 
+// Wgrad with Params::sumsq: this warp's sum of squares (each lane's sq) into its slot.
+template <int BN>
+__device__ __forceinline__ void store_norm_slot(const Params& p, int e, int32_t m0, int32_t n0, float sq, int w,
+                                                int lane) {
+  if (p.fault == 5 && lane >= 28) sq = 0.f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+  if (lane == 0 && m0 < p.K && n0 < p.N) p.sumsq[norm_slot(e, m0, n0, p.K, p.N, BN, w)] = sq;
+}
+
 // Wgrad: the operand maps of row sets 1.. (set 0's are tmA / tmB).
 struct SetMaps {
   CUtensorMap a[kMaxSets - 1], b[kMaxSets - 1];  // forward + SwiGLU (TMA stores): a[0] h13's up half, a[1] act
@@ -527,19 +537,10 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
     for (int i = 0; i < C::kAcc; ++i) fence_operand(acc[i]);
     if (it.nk > 0) release(prev);
     if (p.fault == 3) continue;  // timing only (MXTRAIN_GG_FAULT=noepi): the epilogue's cost by difference
-    if constexpr (kMode == Mode::kWgrad) {
-      // The clipping norm's share of this tile, from the registers about to be stored (dW is not read back).
-      if (p.sumsq) {
-        float sq = 0.f;
-#pragma unroll
-        for (int i = 0; i < C::kAcc; ++i) sq = fmaf(acc[i], acc[i], sq);
-        if (p.fault == 5 && lane >= 28) sq = 0.f;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-        if (lane == 0 && it.m0 < p.K && it.n0 < p.N)
-          p.sumsq[norm_slot(it.e, it.m0, it.n0, p.K, p.N, BN, cw * 4 + warp)] = sq;
-      }
-    }
+    // Wgrad with Params::sumsq: the clipping norm's share of this tile, summed as the values leave the registers
+    // (dW is not read back); a warp's values out of the tile (rows >= M, columns >= N) are zeros.
+    [[maybe_unused]] const bool norm = kMode == Mode::kWgrad && p.sumsq != nullptr;
+    [[maybe_unused]] float sq = 0.f;
 
     // Epilogue straight from the accumulator fragments (layout: sm90_wgmma.cuh).
     const int r_local = cw * 64 + warp * 16 + lane / 4;
@@ -553,6 +554,10 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
 #pragma unroll
       for (int j = 0; j < C::kAcc / 4; ++j) {
         const int64_t n = it.n0 + 8 * j + col_l;
+        if (norm) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) sq = fmaf(acc[4 * j + k], acc[4 * j + k], sq);
+        }
         if (n >= N) continue;
         if (ra < M) {
           if (p.overwrite) *reinterpret_cast<float2*>(base + ra * N + n) = make_float2(acc[4 * j], acc[4 * j + 1]);
@@ -563,6 +568,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
           else red_add_f32x2(base + rb * N + n, acc[4 * j + 2], acc[4 * j + 3]);
         }
       }
+      if (norm) store_norm_slot<BN>(p, it.e, it.m0, it.n0, sq, cw * 4 + warp, lane);
     } else if constexpr (kMode == Mode::kWgrad) {
       // Box after box of this warpgroup's 64 rows: wait until the TMA has read the box written kEpiBufs ago,
       // write the fragments, make them visible to the async proxy, and hand the box to the TMA.
@@ -585,6 +591,10 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
           const int q = 4 * (c * (kEpiCols / 8) + jj), col = 8 * jj + col_l;
           st_shared_f32x2(box + epi_offset(r0, col), acc[q], acc[q + 1]);
           st_shared_f32x2(box + epi_offset(r0 + 8, col), acc[q + 2], acc[q + 3]);
+          if (norm) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) sq = fmaf(acc[q + k], acc[q + k], sq);
+          }
         }
         fence_proxy_async_smem();
         named_barrier_sync(bar_id, 128);
@@ -596,6 +606,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
           bulk_commit_group();
         }
       }
+      if (norm) store_norm_slot<BN>(p, it.e, it.m0, it.n0, sq, cw * 4 + warp, lane);
     } else if constexpr (kMode == Mode::kFwdSwiglu) {
       constexpr int kUp = BN / 4;  // accumulator offset of a gate element's up partner (BN/2 columns on)
       const int64_t f = p.N;

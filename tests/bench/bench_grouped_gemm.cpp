@@ -379,6 +379,31 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
                         mxt::sm90::cluster_code_name(cl), tails[tail]);
         rows.push_back(Row{s.name, op.name, name, t, 4 * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
       }
+      // The trainer's call itself (bench_8x7B_2layer: the step's one weight gradient per weight stores dW), in the
+      // default arrangement, without and with the clipping norm's sums of squares in its epilogue.
+      mxt::sm90::use_cluster_code(3);
+      mxt::sm90::set_grouped_wgrad_group(0);
+      mxt::sm90::set_grouped_l2_hints(0);
+      mxt::sm90::set_grouped_wgrad_tail(-1);
+      Buf norm_acc(ops, DType::F32, {1});
+      for (const bool norm : {false, true}) {
+        auto call = [&] {
+          if (norm)
+            ops.grouped_gemm_wgrad_sets_norm(rs, out1, norm_acc.t);
+          else
+            ops.grouped_gemm_wgrad_sets(rs, out1, false);
+        };
+        call();
+        const double err = rel_l2_device(ops, out1, out2, acc2.t);
+        char note[112];
+        std::snprintf(note, sizeof(note), "rel L2 vs 8 single calls %.2e%s", err,
+                      std::string(mxt::sm90::last_grouped_impl()) == "sm90" ? "" : " (FELL BACK)");
+        const Timing t = time_it(st, flush, flush_bytes, 3, runs, call);
+        rows.push_back(Row{s.name, op.name,
+                           norm ? "sm90 c2m 8 distinct half row sets, store + norm (the trainer's call)"
+                                : "sm90 c2m 8 distinct half row sets, store (the trainer's call)",
+                           t, 4 * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
+      }
       mxt::sm90::set_grouped_wgrad_tail(-1);
       mxt::sm90::set_grouped_wgrad_group(-1);
       mxt::sm90::set_grouped_l2_hints(-1);
