@@ -172,7 +172,8 @@ struct Params {
 
 // Wgrad storing with Params::sumsq: the slot of warp w (0..7 over both consumer warpgroups) of the tile at
 // (e, m0, n0): one per warp, no atomics, so that summing the slots in order is reproducible.
-__host__ __device__ inline int64_t norm_slot(int e, int32_t m0, int32_t n0, int32_t M, int32_t N, int bn, int w) {
+// norm_slot(E, 0, 0, ...) is the call's slot count.
+__host__ __device__ inline int64_t norm_slot(int64_t e, int32_t m0, int32_t n0, int64_t M, int64_t N, int bn, int w) {
   const int64_t all_m = (M + BM - 1) / BM, all_n = (N + bn - 1) / bn;
   return ((e * all_m + m0 / BM) * all_n + n0 / bn) * 8 + w;
 }
@@ -1334,10 +1335,7 @@ bool try_grouped_dgrad(const bf16* dy, const bf16* W, const int32_t* off, int64_
   return try_rows<Mode::kDgrad>("grouped_gemm_dgrad", dy, W, off, E, R, out, in, dx, ctx);
 }
 
-int64_t wgrad_norm_slots(int64_t E, int64_t out, int64_t in) {
-  const int bn = tile_n();
-  return E * ((out + BM - 1) / BM) * ((in + bn - 1) / bn) * 8;
-}
+int64_t wgrad_norm_slots(int64_t E, int64_t out, int64_t in) { return norm_slot(E, 0, 0, out, in, tile_n(), 0); }
 
 bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out, int64_t in, float* dW,
                        CudaContext& ctx, bool accumulate, float* sumsq, int64_t sumsq_slots) {

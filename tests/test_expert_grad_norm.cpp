@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cpu/cpu_ops.hpp"
@@ -79,6 +82,26 @@ TEST(ExpertGradNorm, SeparatePassWhereTheGemmsAdd) {
   EXPECT_EQ(summing.calls, 0);
   for (size_t i = 0; i < a.results.size(); ++i) EXPECT_EQ(a.results[i].grad_norm, b.results[i].grad_norm);
   EXPECT_EQ(0, std::memcmp(a.expert.data(), b.expert.data(), a.expert.size() * sizeof(float)));
+}
+
+// MXTRAIN_EXPERT_NORM=separate keeps the separate pass (the GEMMs are not asked for the norm); another value is an
+// error naming the variable.
+TEST(ExpertGradNorm, EnvironmentSwitch) {
+  struct Unset {
+    ~Unset() { unsetenv("MXTRAIN_EXPERT_NORM"); }
+  } unset;
+  const TrainConfig c = config(2, 2);
+  setenv("MXTRAIN_EXPERT_NORM", "separate", 1);
+  NormSummingCpuOps summing;
+  train(c, summing);
+  EXPECT_EQ(summing.calls, 0);
+  setenv("MXTRAIN_EXPERT_NORM", "sepparate", 1);
+  try {
+    Trainer t(c, summing, embedded_corpus_tokens());
+    ADD_FAILURE() << "a misspelt value was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("MXTRAIN_EXPERT_NORM"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

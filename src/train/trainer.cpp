@@ -146,9 +146,10 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   // sum of squares to the clipping norm instead of a second pass over the expert gradients (0.6% of the 8x7B
   // step; docs/perf.md, session 33).
   // MXTRAIN_EXPERT_NORM=separate keeps the separate pass (A/B runs).
-  const char* norm_env = std::getenv("MXTRAIN_EXPERT_NORM");
-  expert_norm_in_wgrad_ = ops_.sums_wgrad_norm() && !(norm_env && std::string(norm_env) == "separate") &&
-                          !expert_shard_.comm && model_->overwrites_expert_grads() &&
+  const std::string norm_env = std::getenv("MXTRAIN_EXPERT_NORM") ? std::getenv("MXTRAIN_EXPERT_NORM") : "";
+  if (!norm_env.empty() && norm_env != "wgrad" && norm_env != "separate")
+    throw std::invalid_argument("MXTRAIN_EXPERT_NORM must be wgrad or separate, got '" + norm_env + "'");
+  expert_norm_in_wgrad_ = ops_.sums_wgrad_norm() && norm_env != "separate" && !expert_shard_.comm &&
                           model_->can_add_expert_grad_norm(cfg.grad_acc_steps);
   if (expert_norm_in_wgrad_) model_->set_expert_grad_norm(norm_acc_);
   for (int64_t l = 0; l < cfg.model.num_hidden_layers; ++l)
