@@ -32,6 +32,9 @@ struct CudaContext {
   // chunk, attention row statistics...). Sized on the first step and then reused: no allocation in steady
   // state. Each op owns its slot names; a slot's content does not survive the op.
   void* scratch(const char* slot, size_t bytes);
+  // The grouped GEMMs' split counters (a scratch slot whose content does survive: zero between launches), and the
+  // buffer last zeroed for them.
+  const void* split_counts_zeroed = nullptr;
 
   // Pinned host buffers that upload_async copies through, used round-robin; each is reused once the copy
   // that last read it has run (its event).

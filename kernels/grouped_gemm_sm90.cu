@@ -128,6 +128,7 @@ struct Sched {
   int32_t unk[kMaxSets];  // wgrad: set s's first row that may be unwritten: offsets_s[E] if below R_s, else
                           // INT32_MAX (none: TMA zero-fills rows past R_s)
   int32_t cum[kMaxExperts + 1];  // exclusive prefix of the experts' work items
+  int32_t split_last;            // fwd / dgrad: this CTA finished its split unit last (one split item per CTA)
 };
 
 template <int BN>
@@ -168,6 +169,10 @@ struct Params {
   const bf16* h13;  // dgrad + SwiGLU: the forward's h13 [R, 2N] (out is then dh13 [R, 2N])
   float* part;      // dgrad + SwiGLU: dwp's partial sums [R, ceil(N / BN)]
   float* sumsq;     // wgrad storing: each warp's sum of squares of the tile it stores (norm_slot), or null
+  int32_t split_max;  // fwd / dgrad: the last round's units split along K into at most this many parts (tail_split;
+                      // < 2: off)
+  float* split_ws;    // split parts' fp32 partial tiles: one per CTA of the grid, kConsumerThreads x kAcc floats
+  int32_t* split_cnt; // per (split unit, rank): parts finished; zero between launches (the last part resets it)
 };
 
 // Wgrad storing with Params::sumsq: the slot of warp w (0..7 over both consumer warpgroups) of the tile at
@@ -255,7 +260,7 @@ struct Item {
   int32_t row0, row_hi;  // fwd / dgrad: rows [row0, min(row0 + BM, row_hi)) of the output
   int32_t m0;            // wgrad: first dW row
   int32_t n0;            // first output column
-  int32_t nk;            // k-blocks (wgrad: over all row sets)
+  int32_t kb0, nk;       // k-blocks [kb0, nk) (wgrad: over all row sets, kb0 = 0)
   bool shared_b;         // fwd / dgrad, clusters: B is the pair's shared tile (multicast halves), else its own
 };
 
@@ -278,6 +283,7 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
     it.n0 = (pm ? nu : nu * kCl + rank) * BN;
     it.row0 = sc.lo[e];
     it.row_hi = sc.hi[e];
+    it.kb0 = 0;
     it.nk = sc.mtiles[e];
   } else {
     const RowUnit u = row_unit(local, sc.mtiles[e], p.n_units, kCl, p.odd_tail != 0, rank);
@@ -286,8 +292,31 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
     it.n0 = u.n_tile * kItemCols<kMode, BN>;
     it.shared_b = u.shared_b;
     it.m0 = 0;
+    it.kb0 = 0;
     it.nk = (p.K + BK - 1) / BK;
   }
+  return it;
+}
+
+// The call's split of its last round (fwd / dgrad with Params::split_max >= 2; else none).
+template <Mode kMode>
+__device__ __forceinline__ TailSplit split_of(const Sched& sc, const Params& p, int units_stride) {
+  const int units = sc.cum[p.E];
+  if constexpr (kMode == Mode::kFwd || kMode == Mode::kDgrad) {
+    if (p.split_max >= 2) return tail_split(units, units_stride, (p.K + BK - 1) / BK, p.split_max);
+  }
+  return {units, 1, units};
+}
+
+// Item `item` of the split schedule: a whole unit, or one part's k-block range of a split one.
+template <Mode kMode, int BN, int kCl>
+__device__ __forceinline__ Item decode_split(const Sched& sc, const Params& p, const TailSplit& ts, int item, int& e,
+                                             int rank) {
+  if (item < ts.full) return decode<kMode, BN, kCl>(sc, p, item, e, rank);
+  const int slot = item - ts.full;
+  Item it = decode<kMode, BN, kCl>(sc, p, ts.full + slot / ts.parts, e, rank);
+  const int nk = it.nk;
+  tail_part_range(nk, slot % ts.parts, ts.parts, it.kb0, it.nk);
   return it;
 }
 
@@ -306,13 +335,13 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
     if (p.prefetch) tma_prefetch_desc(&sm->pf);
   }
   const L2Hint ha = l2_hint(p.hint_a), hb = l2_hint(p.hint_b);
-  const int total = sc.cum[p.E];
+  const TailSplit ts = split_of<kMode>(sc, p, units_stride);
   int s = 0, e = 0;
   uint32_t phase = 0;
-  for (int item = unit0; item < total; item += units_stride) {
-    const Item it = decode<kMode, BN, kCl>(sc, p, item, e, rank);
+  for (int item = unit0; item < ts.items; item += units_stride) {
+    const Item it = decode_split<kMode, BN, kCl>(sc, p, ts, item, e, rank);
     SetCursor cur;
-    for (int kb = 0; kb < it.nk; ++kb) {
+    for (int kb = it.kb0; kb < it.nk; ++kb) {
       mbar_wait(&empty[s], phase ^ 1u);
       mbar_arrive_expect_tx(&full[s], C::kStageA + C::kStageB);
       const uint32_t a = smem + s * C::kStageA, b = smem + C::kOffB + s * C::kStageB;
@@ -477,8 +506,56 @@ __device__ __forceinline__ void swiglu_bwd_pair(float acc0, float acc1, const bf
   st_bf16x2(dgate + f, du[0], du[1]);
 }
 
+// A split unit's part (tail_split): stores this CTA's fp32 partial tile in its workspace slot (in fragment order:
+// float4 i of consumer thread t at (i * kConsumerThreads + t), coalesced) and counts itself done. The last part of the
+// unit to finish (per cluster rank) adds all parts' partials in part order into acc (deterministic, whichever
+// finishes last; 0 + part 0 + part 1 ...), resets the count for the next launch and returns true: it runs the epilogue. Others return false.
+template <int BN, int kCl>
+__device__ __forceinline__ bool split_sum(const Params& p, Sched& sc, const TailSplit& ts, int item,
+                                          float (&acc)[BN / 2], int rank, int ct) {
+  const int slot = item - ts.full, part = slot % ts.parts, unit = slot / ts.parts;
+  constexpr int kVec = BN / 8;  // float4s per thread
+  constexpr size_t kSlot = static_cast<size_t>(kConsumerThreads) * (BN / 2);
+  // (Opaque, so the compiler keeps these addresses out of the item loop, where they would be live across the
+  // mainloop and spill, as in the epilogues below.)
+  float* ws = p.split_ws;
+  asm volatile("" : "+l"(ws), "+r"(ct));
+  float4* mine = reinterpret_cast<float4*>(ws + (static_cast<size_t>(slot) * kCl + rank) * kSlot);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i)
+    __stcg(mine + i * kConsumerThreads + ct, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+  __threadfence();  // the partial is visible device-wide before the count says so
+  named_barrier_sync(6, kConsumerThreads);
+  int32_t* count = p.split_cnt + unit * kCl + rank;
+  if (ct == 0) {
+    const int done = atomicAdd(count, 1);
+    sc.split_last = done == ts.parts - 1;
+    if (done == ts.parts - 1) *count = 0;
+  }
+  named_barrier_sync(6, kConsumerThreads);
+  if (!sc.split_last) return false;
+  __threadfence();
+  // Every part from the workspace, this one's too: acc is dead until the sum lands in it.
+  const size_t first = static_cast<size_t>(slot - part) * kCl + rank;  // part 0's slot
+  const int q0 = p.fault == 6 ? part : 0, q1 = p.fault == 6 ? part + 1 : ts.parts;  // fault: the others left out
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+  for (int q = q0; q < q1; ++q) {
+    const float4* src = reinterpret_cast<const float4*>(ws + (first + static_cast<size_t>(q) * kCl) * kSlot) + ct;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const float4 v = __ldcg(src + i * kConsumerThreads);
+      acc[4 * i] += v.x;
+      acc[4 * i + 1] += v.y;
+      acc[4 * i + 2] += v.z;
+      acc[4 * i + 3] += v.w;
+    }
+  }
+  return true;
+}
+
 template <Mode kMode, int BN, int kCl>
-__device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm, const Sched& sc, const Params& p, uint8_t* smem_ptr,
+__device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm, Sched& sc, const Params& p, uint8_t* smem_ptr,
                                         uint32_t smem, uint64_t* full, uint64_t* empty, int rank, int unit0,
                                         int units_stride) {
   using C = Cfg<BN>;
@@ -487,7 +564,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
   const int ct = threadIdx.x - 128;           // 0..255 over both consumer warpgroups
   const int cw = ct / 128;                    // which 64-row half of the block tile
   const int warp = (ct % 128) / 32, lane = ct % 32;
-  const int total = sc.cum[p.E];
+  const TailSplit ts = split_of<kMode>(sc, p, units_stride);
   const L2Hint hc = l2_hint(p.hint_c);
   float acc[C::kAcc];
   int s = 0, e = 0, epi_box = 0;
@@ -502,13 +579,13 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
       for (int r = 0; r < kCl; ++r) mbar_arrive_remote(map_to_cta(smem_u32(&empty[stage]), r));
     }
   };
-  for (int item = unit0; item < total; item += units_stride) {
-    const Item it = decode<kMode, BN, kCl>(sc, p, item, e, rank);
+  for (int item = unit0; item < ts.items; item += units_stride) {
+    const Item it = decode_split<kMode, BN, kCl>(sc, p, ts, item, e, rank);
 #pragma unroll
     for (int i = 0; i < C::kAcc; ++i) acc[i] = 0.f;
     int prev = 0;
     SetCursor cur;  // wgrad: each row set's last k-block may hold fewer than BK of the expert's rows
-    for (int kb = 0; kb < it.nk; ++kb) {
+    for (int kb = it.kb0; kb < it.nk; ++kb) {
       mbar_wait(&full[s], phase);
       int steps = BK / 16;
       if constexpr (kMode == Mode::kWgrad) {
@@ -526,7 +603,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
         default: wgmma_fence(); mma_kblock<BN, kTA, kTB>(acc, a, b); wgmma_commit();
       }
       wgmma_wait<1>();  // the previous k-block's wgmmas are done: its stage can be refilled
-      if (kb > 0) release(prev);
+      if (kb > it.kb0) release(prev);
       prev = s;
       if (++s == C::kStages) {
         s = 0;
@@ -536,8 +613,11 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < C::kAcc; ++i) fence_operand(acc[i]);
-    if (it.nk > 0) release(prev);
+    if (it.nk > it.kb0) release(prev);
     if (p.fault == 3) continue;  // timing only (MXTRAIN_GG_FAULT=noepi): the epilogue's cost by difference
+    if constexpr (kMode == Mode::kFwd || kMode == Mode::kDgrad) {
+      if (item >= ts.full && !split_sum<BN, kCl>(p, sc, ts, item, acc, rank, ct)) continue;  // another part ends it
+    }
     // Wgrad with Params::sumsq: the clipping norm's share of this tile, summed as the values leave the registers
     // (dW is not read back); a warp's values out of the tile (rows >= M, columns >= N) are zeros.
     [[maybe_unused]] const bool norm = kMode == Mode::kWgrad && p.sumsq != nullptr;
@@ -874,6 +954,7 @@ std::atomic<int> g_wgrad_tma{0};  // 0: env, 1: TMA reduce-adds, 2: red.global
 std::atomic<int> g_swiglu{0};     // 0: env, 1: SwiGLU fused into the expert GEMMs, 2: separate kernels
 std::atomic<int> g_wgrad_tail{-1};  // -1: env, else a WgradTail
 std::atomic<int> g_wgrad_pair{-1};  // -1: env, 0: pairs over n-tiles (share dy), 1: over m-tiles (share x)
+std::atomic<int> g_tail_split{-1};  // -1: env, else the most parts of a split unit (< 2: off)
 std::atomic<int> g_wgrad_group{-1};  // -1: env, else fast units per raster group (0: one group)
 std::atomic<int> g_l2_hints{-1};    // -1: env, else a mask of the directions with hints (l2_hints)
 thread_local const char* g_last_impl = "none";
@@ -1007,6 +1088,23 @@ int wgrad_group() {
   return v;
 }
 
+// Forward / dgrad: the last round's units split along K into at most this many parts (tail_split; env
+// MXTRAIN_GG_TAIL_SPLIT=n, 0 or 1 off; default 8).
+int tail_split_max() {
+  const int o = g_tail_split.load();
+  if (o >= 0) return o;
+  static const int v = [] {
+    const char* s = std::getenv("MXTRAIN_GG_TAIL_SPLIT");
+    if (s == nullptr || *s == 0) return 8;
+    char* end = nullptr;
+    const long n = std::strtol(s, &end, 10);
+    if (*end != 0 || n < 0 || n > 64)
+      cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_TAIL_SPLIT must be an integer in [0, 64], got '") + s + "'");
+    return static_cast<int>(n);
+  }();
+  return v;
+}
+
 // L2 eviction priorities on the operand loads and output stores, per direction (env MXTRAIN_GG_L2_HINTS=off|on|
 // fwd|dgrad|wgrad; default off): forward: x (read again for every n-tile) evict_last, W (read by the m-tiles of one
 // n-tile at once) and y evict_first; dgrad: W and dx evict_first; wgrad in raster groups: the grouped operand's
@@ -1021,10 +1119,10 @@ bool l2_hints(int dir) {
   return ((o >= 0 ? o : env) >> dir) & 1;
 }
 
-// MXTRAIN_GG_FAULT=mask|tail|pairm|norm breaks the kernels on purpose, so a GPU run can check that the tests catch
+// MXTRAIN_GG_FAULT=mask|tail|pairm|norm|split breaks the kernels on purpose, so a GPU run can check that the tests catch
 // it.
 int fault_injection() {
-  static const int v = env_choice("MXTRAIN_GG_FAULT", {"none", "mask", "tail", "noepi", "pairm", "norm"});
+  static const int v = env_choice("MXTRAIN_GG_FAULT", {"none", "mask", "tail", "noepi", "pairm", "norm", "split"});
   return v;
 }
 
@@ -1178,6 +1276,21 @@ Params row_params(const int32_t* off, int64_t E, int64_t R, int64_t N, int64_t K
   return p;
 }
 
+// The split parts' workspace (tail_split): a partial tile per CTA (at most one CTA per SM) and a count per CTA,
+// zeroed once (each launch leaves the counts at zero).
+void split_workspace(Params& p, CudaContext& ctx) {
+  p.split_max = tail_split_max();
+  if (p.split_max < 2) return;
+  const size_t ctas = static_cast<size_t>(ctx.num_sms);
+  p.split_ws = static_cast<float*>(ctx.scratch("gg_split_partials", ctas * kConsumerThreads * Cfg<256>::kAcc * 4));
+  p.split_cnt = static_cast<int32_t*>(ctx.scratch("gg_split_counts", ctas * sizeof(int32_t)));
+  if (ctx.split_counts_zeroed != p.split_cnt) {
+    cuda::check(cudaMemsetAsync(p.split_cnt, 0, ctas * sizeof(int32_t), ctx.stream), "grouped_gemm",
+                "zeroing the split counts");
+    ctx.split_counts_zeroed = p.split_cnt;
+  }
+}
+
 // The forward's and dgrad's L2 priorities (l2_hints).
 void row_hints(Params& p, bool forward) {
   if (!l2_hints(forward ? 0 : 1)) return;
@@ -1206,6 +1319,7 @@ bool try_rows(const char* op, const bf16* in, const bf16* W, const int32_t* off,
 
   Params p = row_params(off, E, R, N, K, n_units, out);
   row_hints(p, kMode == Mode::kFwd);
+  split_workspace(p, ctx);
   CUtensorMap mc = ma;
   p.tma_store = store_epilogue() && store_map(mc, op, kMode == Mode::kFwd ? "y" : "dx", out, N, R, N);
   launch_cfg<kMode>(op, ma, mb, mc, p, max_units, ctx, bn, cl);
@@ -1306,6 +1420,7 @@ void set_grouped_l2_hints(int mask) {
     cuda::fail("grouped_gemm", "L2 hints must be -1 or a mask in [0, 7], got " + std::to_string(mask));
   g_l2_hints.store(mask);
 }
+void set_grouped_tail_split(int max_parts) { g_tail_split.store(max_parts < 0 ? -1 : max_parts); }
 void set_grouped_wgrad_group(int units) {
   if (units < -1)
     cuda::fail("grouped_gemm_wgrad", "raster group must be -1 (env) or >= 0 units, got " + std::to_string(units));

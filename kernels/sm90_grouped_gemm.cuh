@@ -51,6 +51,11 @@ void set_grouped_wgrad_group(int units);
 // L2 eviction priorities on the operand loads and output stores: a mask of the directions that use them (1 forward,
 // 2 dgrad, 4 wgrad in raster groups; 0 none, the default; env MXTRAIN_GG_L2_HINTS=off|on|fwd|dgrad|wgrad), -1
 // restores the env var's choice. Results are unchanged.
+// Forward / dgrad: the last round of work units (fewer than the CTA pairs or CTAs in flight) split along K into at
+// most `max_parts` parts each, whose fp32 partial tiles the last part to finish adds up in part order (default 8;
+// env MXTRAIN_GG_TAIL_SPLIT; 0 or 1 off), -1 restores the env var's choice. Sums in another order than the unsplit
+// kernel's: the outputs may differ from it in the last bf16 bit.
+void set_grouped_tail_split(int max_parts);
 constexpr int kL2HintsAll = 7;
 void set_grouped_l2_hints(int mask);
 // What the last grouped GEMM call of this thread ran: "sm90" or "wmma" (tests assert the path they meant).

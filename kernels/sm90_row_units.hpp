@@ -35,6 +35,31 @@ __host__ __device__ inline RowUnit row_unit(int local, int mt, int n_tiles, int 
   return {(local % groups) * cl + rank, local / groups, cl > 1};
 }
 
+// Forward / dgrad: the last round's units split along K. With U units over C clusters (each cluster takes items c,
+// c + C, ...), the last round holds r = U mod C units (all U when U < C) and leaves C - r clusters idle for a whole
+// unit's time. Each of those r units instead runs as `parts` items over consecutive k-block ranges (at most C / r,
+// max_parts, and nk / 2 of them, so each part keeps 2 k-blocks or more); every part stores its fp32 partial tile and
+// the last to finish adds them up in part order and runs the epilogue. Items [0, full) are whole units; item
+// full + j is part j % parts of unit full + j / parts.
+struct TailSplit {
+  int full, parts, items;
+};
+
+__host__ __device__ inline TailSplit tail_split(int units, int clusters, int nk, int max_parts) {
+  const int r = clusters > 0 ? units % clusters : 0;
+  int parts = r > 0 ? clusters / r : 1;
+  if (parts > max_parts) parts = max_parts;
+  if (parts > nk / 2) parts = nk / 2;
+  if (parts < 2) return {units, 1, units};
+  return {units - r, parts, units - r + r * parts};
+}
+
+// Part `part` of `parts` of nk k-blocks: [kb0, kb1).
+__host__ __device__ inline void tail_part_range(int nk, int part, int parts, int& kb0, int& kb1) {
+  kb0 = static_cast<int>(static_cast<long long>(nk) * part / parts);
+  kb1 = static_cast<int>(static_cast<long long>(nk) * (part + 1) / parts);
+}
+
 // Wgrad: the (slow, fast) unit of an expert's local item over nf fast x ns slow units. The fast index walks groups of
 // g units (g <= 0 or >= nf: one group, the plain raster), the slow index within a group, so the CTAs in flight
 // read the strips of at most g fast units, which stay in L2 while the slow index moves on (the wgrad's strips run

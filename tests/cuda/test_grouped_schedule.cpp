@@ -3,7 +3,10 @@
 // an odd last m-tile can run over two n-tiles. No GPU needed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <string>
+#include <vector>
 #include <utility>
 
 #include "sm90_row_units.hpp"
@@ -96,6 +99,52 @@ TEST(GroupedSchedule, WgradRasterGroupsCoverEveryUnitOnce) {
             EXPECT_EQ(wgrad_unit(local, nf, ns, g).fast, local % nf);
             EXPECT_EQ(wgrad_unit(local, nf, ns, g).slow, local / nf);
           }
+      }
+    }
+  }
+}
+
+// The last round's split (tail_split): every unit's k-blocks exactly once, whole units first, each split unit's parts
+// in consecutive contiguous ranges of at least 2 k-blocks, no more rounds than without the split, and the split
+// taken wherever it shortens the last round (at least 2 parts fit) and nowhere else.
+TEST(GroupedSchedule, TailSplitCoversEveryKBlockOnceInTheSameRounds) {
+  for (int clusters : {1, 2, 7, 66, 132}) {
+    for (int units = 0; units <= 3 * clusters + 5; ++units) {
+      for (int nk : {1, 2, 3, 5, 16, 64, 448}) {
+        for (int max_parts : {0, 1, 2, 3, 8}) {
+          SCOPED_TRACE("clusters=" + std::to_string(clusters) + " units=" + std::to_string(units) +
+                       " nk=" + std::to_string(nk) + " max_parts=" + std::to_string(max_parts));
+          const TailSplit ts = tail_split(units, clusters, nk, max_parts);
+          const int r = units % clusters;
+          const int fit = r > 0 ? std::min(std::min(clusters / r, max_parts), nk / 2) : 0;
+          if (fit >= 2) {
+            EXPECT_EQ(ts.parts, fit);
+            EXPECT_EQ(ts.full, units - r);
+          } else {
+            EXPECT_EQ(ts.parts, 1);
+            EXPECT_EQ(ts.full, units);
+          }
+          EXPECT_EQ(ts.items, ts.full + (units - ts.full) * ts.parts);
+          EXPECT_LE(ts.items - ts.full, clusters);  // the split items make one round
+          EXPECT_EQ((ts.items + clusters - 1) / clusters, (units + clusters - 1) / clusters);
+          std::vector<int> covered(static_cast<size_t>(units), 0);
+          for (int item = 0; item < ts.items; ++item) {
+            if (item < ts.full) {
+              covered[item] += nk;
+              continue;
+            }
+            const int slot = item - ts.full, unit = ts.full + slot / ts.parts, part = slot % ts.parts;
+            int kb0 = -1, kb1 = -1;
+            tail_part_range(nk, part, ts.parts, kb0, kb1);
+            EXPECT_GE(kb1 - kb0, 2);
+            int prev0 = 0, prev1 = 0;
+            if (part > 0) tail_part_range(nk, part - 1, ts.parts, prev0, prev1);
+            EXPECT_EQ(kb0, part > 0 ? prev1 : 0);  // contiguous, in part order
+            if (part == ts.parts - 1) EXPECT_EQ(kb1, nk);
+            covered[unit] += kb1 - kb0;
+          }
+          for (int u = 0; u < units; ++u) EXPECT_EQ(covered[u], nk) << "unit " << u;
+        }
       }
     }
   }
