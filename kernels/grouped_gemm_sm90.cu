@@ -1069,22 +1069,25 @@ int wgrad_pair_m() {
   return v;
 }
 
+// An integer env var in [lo, hi] (unset or empty: fallback); anything else fails, naming the variable.
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* s = std::getenv(name);
+  if (s == nullptr || *s == 0) return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(s, &end, 10);
+  if (*end != 0 || n < lo || n > hi)
+    cuda::fail("grouped_gemm", std::string(name) + " must be an integer in [" + std::to_string(lo) + ", " +
+                                   std::to_string(hi) + "], got '" + s + "'");
+  return static_cast<int>(n);
+}
+
 // Wgrad raster: the fast index (n-tiles at W13's shape, m-tiles at W2's) walks groups of this many units
 // (wgrad_unit), env MXTRAIN_GG_WGRAD_GROUP=g (unset or 0: one group, the plain raster). Session 31: groups of 4 or 8
 // made the 8x7B step 0.1-0.3% faster (within noise); the trainer-shape bench disagreed with itself between calls.
 int wgrad_group() {
   const int o = g_wgrad_group.load();
   if (o >= 0) return o;
-  static const int v = [] {
-    const char* s = std::getenv("MXTRAIN_GG_WGRAD_GROUP");
-    if (s == nullptr || *s == 0) return 0;
-    char* end = nullptr;
-    const long g = std::strtol(s, &end, 10);
-    if (*end != 0 || g < 0 || g > 4096)
-      cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_WGRAD_GROUP must be an integer in [0, 4096], got '") + s +
-                                     "'");
-    return static_cast<int>(g);
-  }();
+  static const int v = env_int("MXTRAIN_GG_WGRAD_GROUP", 0, 0, 4096);
   return v;
 }
 
@@ -1093,15 +1096,7 @@ int wgrad_group() {
 int tail_split_max() {
   const int o = g_tail_split.load();
   if (o >= 0) return o;
-  static const int v = [] {
-    const char* s = std::getenv("MXTRAIN_GG_TAIL_SPLIT");
-    if (s == nullptr || *s == 0) return 8;
-    char* end = nullptr;
-    const long n = std::strtol(s, &end, 10);
-    if (*end != 0 || n < 0 || n > 64)
-      cuda::fail("grouped_gemm", std::string("MXTRAIN_GG_TAIL_SPLIT must be an integer in [0, 64], got '") + s + "'");
-    return static_cast<int>(n);
-  }();
+  static const int v = env_int("MXTRAIN_GG_TAIL_SPLIT", 8, 0, 64);
   return v;
 }
 
