@@ -507,9 +507,10 @@ __device__ __forceinline__ void swiglu_bwd_pair(float acc0, float acc1, const bf
 }
 
 // A split unit's part (tail_split): stores this CTA's fp32 partial tile in its workspace slot (in fragment order:
-// float4 i of consumer thread t at (i * kConsumerThreads + t), coalesced) and counts itself done. The last part of the
-// unit to finish (per cluster rank) adds all parts' partials in part order into acc (deterministic, whichever
-// finishes last; 0 + part 0 + part 1 ...), resets the count for the next launch and returns true: it runs the epilogue. Others return false.
+// float4 i of consumer thread t at (i * kConsumerThreads + t), coalesced) and counts itself done. The last part of
+// the unit to finish (per cluster rank) adds all parts' partials in part order into acc (0 + part 0 + part 1 ...:
+// deterministic whichever finishes last), resets the count for the next launch and returns true: it runs the
+// epilogue. The others return false.
 template <int BN, int kCl>
 __device__ __forceinline__ bool split_sum(const Params& p, Sched& sc, const TailSplit& ts, int item,
                                           float (&acc)[BN / 2], int rank, int ct) {
@@ -555,8 +556,8 @@ __device__ __forceinline__ bool split_sum(const Params& p, Sched& sc, const Tail
 }
 
 template <Mode kMode, int BN, int kCl>
-__device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm, Sched& sc, const Params& p, uint8_t* smem_ptr,
-                                        uint32_t smem, uint64_t* full, uint64_t* empty, int rank, int unit0,
+__device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm, Sched& sc, const Params& p,
+                                        uint8_t* smem_ptr, uint32_t smem, uint64_t* full, uint64_t* empty, int rank, int unit0,
                                         int units_stride) {
   using C = Cfg<BN>;
   constexpr int kTA = kMode == Mode::kWgrad ? 1 : 0;
@@ -1114,8 +1115,8 @@ bool l2_hints(int dir) {
   return ((o >= 0 ? o : env) >> dir) & 1;
 }
 
-// MXTRAIN_GG_FAULT=mask|tail|pairm|norm|split breaks the kernels on purpose, so a GPU run can check that the tests catch
-// it.
+// MXTRAIN_GG_FAULT=mask|tail|pairm|norm|split breaks the kernels on purpose, so a GPU run can check that the tests
+// catch it.
 int fault_injection() {
   static const int v = env_choice("MXTRAIN_GG_FAULT", {"none", "mask", "tail", "noepi", "pairm", "norm", "split"});
   return v;
