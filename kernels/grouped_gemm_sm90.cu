@@ -254,6 +254,9 @@ __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b)
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
 
+// Forward / dgrad: the k-blocks of a whole unit's contraction.
+__device__ __forceinline__ int32_t row_kblocks(const Params& p) { return (p.K + BK - 1) / BK; }
+
 // One work item, decoded identically by producer and consumers.
 struct Item {
   int e;
@@ -293,7 +296,7 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
     it.shared_b = u.shared_b;
     it.m0 = 0;
     it.kb0 = 0;
-    it.nk = (p.K + BK - 1) / BK;
+    it.nk = row_kblocks(p);
   }
   return it;
 }
@@ -303,7 +306,7 @@ template <Mode kMode>
 __device__ __forceinline__ TailSplit split_of(const Sched& sc, const Params& p, int units_stride) {
   const int units = sc.cum[p.E];
   if constexpr (kMode == Mode::kFwd || kMode == Mode::kDgrad) {
-    if (p.split_max >= 2) return tail_split(units, units_stride, (p.K + BK - 1) / BK, p.split_max);
+    if (p.split_max >= 2) return tail_split(units, units_stride, row_kblocks(p), p.split_max);
   }
   return {units, 1, units};
 }
@@ -557,8 +560,8 @@ __device__ __forceinline__ bool split_sum(const Params& p, Sched& sc, const Tail
 
 template <Mode kMode, int BN, int kCl>
 __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm, Sched& sc, const Params& p,
-                                        uint8_t* smem_ptr, uint32_t smem, uint64_t* full, uint64_t* empty, int rank, int unit0,
-                                        int units_stride) {
+                                        uint8_t* smem_ptr, uint32_t smem, uint64_t* full, uint64_t* empty, int rank,
+                                        int unit0, int units_stride) {
   using C = Cfg<BN>;
   constexpr int kTA = kMode == Mode::kWgrad ? 1 : 0;
   constexpr int kTB = kMode == Mode::kFwd || kMode == Mode::kFwdSwiglu ? 0 : 1;
