@@ -316,16 +316,19 @@ StepResult Trainer::train_step() {
   // The first weight-gradient GEMM of the step stores its sums where the model can (the bf16 experts; the LM
   // head with lm_head_wgrad_micro_batches > 1): no zeroing, no first read of those (the rest of their buffers, and
   // the sharding padding, is zeroed).
-  // Zeroes buf but for [begin, end) (an empty range: all of it).
+  // Zeroes buf but for the stored range [begin, end).
   auto zero_outside = [this](const Tensor& buf, int64_t begin, int64_t end) {
     if (begin > 0) ops_.zero(buf.rows(0, begin));
     if (buf.numel() > end) ops_.zero(buf.rows(end, buf.numel() - end));
   };
-  const ParamInfo& head = layout_.find("lm_head.weight");
-  if (model_->overwrites_lm_head_grad()) zero_outside(dense_.grad, head.offset, head.offset + head.numel);
-  else zero_outside(dense_.grad, 0, 0);
+  if (model_->overwrites_lm_head_grad()) {
+    const ParamInfo& head = layout_.find("lm_head.weight");
+    zero_outside(dense_.grad, head.offset, head.offset + head.numel);
+  } else {
+    ops_.zero(dense_.grad);
+  }
   if (model_->overwrites_expert_grads()) zero_outside(expert_.grad, 0, layout_.expert_numel);
-  else zero_outside(expert_.grad, 0, 0);
+  else ops_.zero(expert_.grad);
   ops_.zero(loss_slots_);
   ops_.zero(norm_acc_);  // the experts' weight-gradient GEMMs may add to it (expert_norm_in_wgrad_)
   model_->reset_expert_rows();  // ep_rebalance_interval decides by this step's routing alone
