@@ -66,11 +66,13 @@ __device__ __forceinline__ float quad_sum(float x) {
 // One key tile's online softmax for this thread's two query rows (row0, row0 + 8): raw scores sa -> unnormalised
 // probabilities in place (log2 units; keys after the query masked on the diagonal tile), the running maxima m and
 // partial row sums l updated, and o rescaled to the new maxima.
-__device__ __forceinline__ void softmax_tile(float (&sa)[32], float (&o)[64], float& m_a, float& m_b, float& l_a,
+// kN: the scores' accumulators per thread, 32 for 64 keys, 64 for 128.
+template <int kN>
+__device__ __forceinline__ void softmax_tile(float (&sa)[kN], float (&o)[64], float& m_a, float& m_b, float& l_a,
                                              float& l_b, float scale_log2, bool diag, int row0, int n0, int c4) {
   float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < kN / 4; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int hi = e >> 1;
@@ -88,7 +90,7 @@ __device__ __forceinline__ void softmax_tile(float (&sa)[32], float (&o)[64], fl
   m_b = mn_b;
   float sum_a = 0.f, sum_b = 0.f;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < kN / 4; ++j) {
     sa[4 * j] = fast_exp2(sa[4 * j] - mn_a);
     sa[4 * j + 1] = fast_exp2(sa[4 * j + 1] - mn_a);
     sa[4 * j + 2] = fast_exp2(sa[4 * j + 2] - mn_b);
@@ -337,6 +339,177 @@ __global__ void __launch_bounds__(kPpThreads, 1)
 #endif
 }
 
+
+// The ping-pong schedule over 128 keys per step (MXTRAIN_ATTENTION_FWD_KEYS=128): S is m64n128 (64 accumulators
+// beside O's 64 and the packed P's 32), so each step's softmax rescale, turn barriers and wgmma waits cover twice
+// the keys. The diagonal step is the last; warpgroup 0's half of it lies past its queries and is masked, never
+// skipped, so both warpgroups take every step and the turns need no inactive branch. A stage holds K as
+// [d chunk][key half] (one K-major B operand of 128 rows per d chunk) and V as [key half][d chunk] (two N-major
+// B operands of 64 k-rows).
+namespace keys128 {
+constexpr int kBN = 128;
+constexpr int kStageK = 0, kStageV = 4 * kBox;
+constexpr int kStageBytes = 8 * kBox;
+// S, O and the packed P take 160 registers while the wgmmas run. ptxas gave a kernel of 384 threads (or 288) 168
+// registers whatever setmaxnreg asked, and spilled; so no producer warpgroup: thread 128, of the warpgroup that issues
+// second, refills each stage once both have released it, and 256 threads get up to 255 registers.
+constexpr int kThreads = 256;
+constexpr int kProducer = 128;
+template <int kStages>
+constexpr int smem_bytes() {
+  return kOffStages + kStages * kStageBytes + (2 * kStages + 1) * 8 + 1024;
+}
+static_assert(smem_bytes<3>() <= 227 * 1024, "three 128-key stages and Q fit an SM's shared memory");
+
+// The K and V tiles of step i into stage i % stages.
+__device__ __forceinline__ void load_step(const TMaps& maps, const sm90k::Ring& ring, int stages,
+                                          const sm90k::QueryTile& t, int S, int i) {
+  const int st_i = i % stages;
+  uint64_t* bar = &ring.full[st_i];
+  sm90::mbar_arrive_expect_tx(bar, 8 * kBox);
+  const uint32_t b32 = sm90::smem_u32(bar);
+  const uint32_t st = ring.base + kOffStages + st_i * kStageBytes;
+  for (int c = 0; c < 2; ++c)
+    for (int half = 0; half < 2; ++half) {
+      const int row = t.b * S + i * kBN + 64 * half;
+      sm90::tma_load_2d(st + kStageK + (2 * c + half) * kBox, &maps.k, b32, t.kvh * kD + 64 * c, row);
+      sm90::tma_load_2d(st + kStageV + (2 * half + c) * kBox, &maps.v, b32, t.kvh * kD + 64 * c, row);
+    }
+}
+
+// S[64 x 128] = Q K^T over d = 128 (two 64-wide chunks of four k16 steps).
+__device__ __forceinline__ void mma_scores(float (&sa)[64], uint32_t qa, uint32_t k) {
+#pragma unroll
+  for (int c = 0; c < 2; ++c)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      sm90::wgmma_m64n128k16<0, 0>(sa, sm90::smem_desc(qa + c * kBox + kk * 32, 16, 1024),
+                                   sm90::smem_desc(k + 2 * c * kBox + kk * 32, 16, 1024), (c | kk) != 0);
+}
+
+// O[64 x 128] += P V over 128 keys: P's eight k16 fragments from registers, V's two key halves N-major.
+__device__ __forceinline__ void mma_pv(float (&o)[64], const uint32_t (&fp)[8][4], uint32_t v) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+    sm90::wgmma_m64n128k16_rs<1>(o, fp[kk], sm90::smem_desc(v + (kk / 4) * 2 * kBox + (kk % 4) * 2048, kBox, 1024),
+                                 1u);
+}
+}  // namespace keys128
+
+template <int kStages>
+__global__ void __launch_bounds__(keys128::kThreads, 1)
+    attn_fwd_sm90_pp128_kernel(const __grid_constant__ TMaps maps, const FwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace mxt::sm90;
+  using namespace keys128;
+  static_assert(kStages >= 2, "a stage's V is released one step after its K is read");
+  constexpr int kOffBar128 = kOffStages + kStages * keys128::kStageBytes;
+  extern __shared__ uint8_t smem_raw[];
+  const sm90k::Ring m = sm90k::ring_smem(smem_raw, kOffBar128, kStages);
+  const int S = p.S;
+  const sm90k::QueryTile t = sm90k::query_tile(p.B, S, p.H, p.KVH);
+  const int n_steps = (t.q0 + kBM) / keys128::kBN;
+  const int tid = threadIdx.x;
+
+  if (tid == 0) sm90k::init_ring(m.full, m.empty, kStages, m.once);
+  __syncthreads();
+  if (tid == kProducer) {
+    load_q(maps, m, t, S);
+    for (int i = 0; i < kStages && i < n_steps; ++i) load_step(maps, m, kStages, t, S, i);
+  }
+
+  const int w = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  const int g = lane / 4, c4 = lane % 4;
+  const int row0 = t.q0 + 64 * w + 16 * warp + g;
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+  const uint32_t qa = m.base + (2 * w) * kBox;
+  auto stage = [&](int st_i) { return m.base + kOffStages + st_i * keys128::kStageBytes; };
+  auto release = [&](int st_i) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&m.empty[st_i]);
+  };
+  mbar_wait(m.once, 0);
+
+  // Turns as in attn_fwd_sm90_pp_kernel: each barrier completes once per step.
+  if (w == 1) named_barrier_arrive(kTurnBar, 256);
+  uint32_t fp[8][4];
+  {
+    mbar_wait(&m.full[0], 0);
+    float sa[64];
+    named_barrier_sync(kTurnBar + w, 256);
+    wgmma_fence();
+    keys128::mma_scores(sa, qa, stage(0) + keys128::kStageK);
+    wgmma_commit();
+    if (w == 0 || n_steps > 1) named_barrier_arrive(kTurnBar + 1 - w, 256);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_operand(sa[i]);
+    softmax_tile(sa, o, m_a, m_b, l_a, l_b, p.scale_log2, n_steps == 1, row0, 0, c4);
+    sm90k::pack_a_frags(sa, fp);
+  }
+  int pending = 0;
+  int s = 1;
+  uint32_t phase = 0;
+  for (int step = 1; step < n_steps; ++step) {
+    mbar_wait(&m.full[s], phase);
+    float sa[64];
+    named_barrier_sync(kTurnBar + w, 256);
+    wgmma_fence();
+    keys128::mma_scores(sa, qa, stage(s) + keys128::kStageK);
+    keys128::mma_pv(o, fp, stage(pending) + keys128::kStageV);
+    wgmma_commit();
+    if (w == 0 || step + 1 < n_steps) named_barrier_arrive(kTurnBar + 1 - w, 256);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_operand(sa[i]);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_operand(o[i]);
+    release(pending);
+    // The warpgroup that issues second releases step - 1's stage last (the other did so a turn earlier).
+    const int refill = step - 1 + kStages;
+    if (tid == kProducer && refill < n_steps) {
+      mbar_wait(&m.empty[pending], static_cast<uint32_t>((step - 1) / kStages) & 1u);
+      load_step(maps, m, kStages, t, S, refill);
+    }
+    softmax_tile(sa, o, m_a, m_b, l_a, l_b, p.scale_log2, step + 1 == n_steps, row0, step * keys128::kBN, c4);
+    sm90k::pack_a_frags(sa, fp);
+    pending = s;
+    if (++s == kStages) {
+      s = 0;
+      phase ^= 1u;
+    }
+  }
+  wgmma_fence();
+  keys128::mma_pv(o, fp, stage(pending) + keys128::kStageV);
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 64; ++i) fence_operand(o[i]);
+  release(pending);
+  store_out(o, l_a, l_b, m_a, m_b, p, t.b, t.h, row0, c4);
+#else
+  __trap();  // built without sm_90a: the host never launches this
+#endif
+}
+
+// Keys per step of the ping-pong forward (MXTRAIN_ATTENTION_FWD_KEYS=64|128, default 64) and, at 128, the depth of
+// its K / V ring (MXTRAIN_ATTENTION_FWD_STAGES=2|3, default 3); read at every call, so tests can switch.
+int env_keys(const char* op) {
+  const char* e = std::getenv("MXTRAIN_ATTENTION_FWD_KEYS");
+  if (!e || !*e || !std::strcmp(e, "64")) return 64;
+  if (!std::strcmp(e, "128")) return 128;
+  fail(op, std::string("environment MXTRAIN_ATTENTION_FWD_KEYS=") + e + ": expected 64 or 128");
+}
+int env_stages(const char* op) {
+  const char* e = std::getenv("MXTRAIN_ATTENTION_FWD_STAGES");
+  if (!e || !*e || !std::strcmp(e, "3")) return 3;
+  if (!std::strcmp(e, "2")) return 2;
+  fail(op, std::string("environment MXTRAIN_ATTENTION_FWD_STAGES=") + e + ": expected 2 or 3");
+}
+
 }  // namespace
 
 bool try_fwd_sm90(const Geom& G, const FwdParams& p, int device, cudaStream_t stream) {
@@ -345,10 +518,16 @@ bool try_fwd_sm90(const Geom& G, const FwdParams& p, int device, cudaStream_t st
   const sm90k::Mode mode = sm90k::env_mode(env, op);
   if (mode == sm90k::Mode::Off) return false;
   const bool pp = sm90k::env_schedule("MXTRAIN_ATTENTION_FWD_SCHED", op);
+  const int keys = env_keys(op), stages = keys == 128 ? env_stages(op) : kStages;
+  if (keys == 128 && !pp)
+    fail(op, "MXTRAIN_ATTENTION_FWD_KEYS=128 runs the ping-pong schedule only, but "
+             "MXTRAIN_ATTENTION_FWD_SCHED=serial");
   static std::atomic<int> cache[64];
-  static std::atomic<bool> smem_set{false}, pp_smem_set{false};
-  const void* kernel = pp ? reinterpret_cast<const void*>(attn_fwd_sm90_pp_kernel)
-                          : reinterpret_cast<const void*>(attn_fwd_sm90_kernel);
+  static std::atomic<bool> smem_set{false}, pp_smem_set{false}, pp128_smem_set[2] = {false, false};
+  const void* kernel = keys == 128   ? (stages == 2 ? reinterpret_cast<const void*>(attn_fwd_sm90_pp128_kernel<2>)
+                                                    : reinterpret_cast<const void*>(attn_fwd_sm90_pp128_kernel<3>))
+                       : pp ? reinterpret_cast<const void*>(attn_fwd_sm90_pp_kernel)
+                            : reinterpret_cast<const void*>(attn_fwd_sm90_kernel);
   sm90k::TMaps maps{};
   std::string why;
   if (G.D != kD) why = "head_dim " + std::to_string(G.D) + " (needs 128)";
@@ -367,7 +546,15 @@ bool try_fwd_sm90(const Geom& G, const FwdParams& p, int device, cudaStream_t st
   }
   maps.dout = maps.q;  // unused by the forward
   const unsigned grid = grid_1d(static_cast<int64_t>(G.S / kBM) * G.B * G.H, op);
-  if (pp) {
+  if (keys == 128 && stages == 2) {
+    constexpr int smem = keys128::smem_bytes<2>();
+    if (!pp128_smem_set[0].exchange(true)) set_smem(attn_fwd_sm90_pp128_kernel<2>, static_cast<size_t>(smem), op);
+    attn_fwd_sm90_pp128_kernel<2><<<grid, keys128::kThreads, smem, stream>>>(maps, p);
+  } else if (keys == 128) {
+    constexpr int smem = keys128::smem_bytes<3>();
+    if (!pp128_smem_set[1].exchange(true)) set_smem(attn_fwd_sm90_pp128_kernel<3>, static_cast<size_t>(smem), op);
+    attn_fwd_sm90_pp128_kernel<3><<<grid, keys128::kThreads, smem, stream>>>(maps, p);
+  } else if (pp) {
     if (!pp_smem_set.exchange(true)) set_smem(attn_fwd_sm90_pp_kernel, static_cast<size_t>(kSmem), op);
     attn_fwd_sm90_pp_kernel<<<grid, kPpThreads, kSmem, stream>>>(maps, p);
   } else {

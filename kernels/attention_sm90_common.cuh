@@ -109,11 +109,13 @@ __device__ __forceinline__ void mma_rows_d128(float (&acc)[32], uint32_t a, uint
                                   sm90::smem_desc(b + c * kBox + k * 32, 16, 1024), (c | k) != 0);
 }
 
-// The register A operands of four k16 steps from a 64 x 64 accumulator: step kk takes its n8 blocks 2kk and
-// 2kk + 1, packed to bf16 pairs (the accumulator layout is the A fragment layout).
-__device__ __forceinline__ void pack_a_frags(const float (&acc)[32], uint32_t (&f)[4][4]) {
+// The register A operands of the k16 steps from a 64 x (kN / 2) accumulator (four from m64n64, eight from
+// m64n128): step kk takes its n8 blocks 2kk and 2kk + 1, packed to bf16 pairs (the accumulator layout is the A
+// fragment layout).
+template <int kN>
+__device__ __forceinline__ void pack_a_frags(const float (&acc)[kN], uint32_t (&f)[kN / 8][4]) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
+  for (int kk = 0; kk < kN / 8; ++kk)
 #pragma unroll
     for (int r = 0; r < 4; ++r) f[kk][r] = pack_bf16(acc[8 * kk + 2 * r], acc[8 * kk + 2 * r + 1]);
 }

@@ -373,6 +373,62 @@ TEST(CudaAttention, WgmmaForwardPingPong) {
   }
 }
 
+// The forward over 128 keys per step (MXTRAIN_ATTENTION_FWD_KEYS=128), with a ring of 2 and of 3 stages: against
+// the CPU twin, then against the 64-key kernel (another order of the same sums: lse to fp32 rounding, out to a bf16
+// step or two). Seq 128 is one diagonal step; 640 wraps the 2- and 3-stage rings; 4096 runs 32 steps.
+TEST(CudaAttention, WgmmaForward128Keys) {
+  MXT_REQUIRE_SM90();
+  ScopedEnv fwd("MXTRAIN_ATTENTION_FWD", "wgmma");
+  for (const char* stages : {"2", "3"}) {
+    SCOPED_TRACE(std::string("stages ") + stages);
+    ScopedEnv keys("MXTRAIN_ATTENTION_FWD_KEYS", "128"), ring("MXTRAIN_ATTENTION_FWD_STAGES", stages);
+    run_case({1, 128, 4, 1, 128, 1.f}, 1600);
+    run_case({2, 384, 8, 2, 128, 3.f}, 1610);
+    run_case({1, 640, 4, 4, 128, 1.f}, 1620);
+  }
+  struct Shape { int64_t B, S, H, KVH; };
+  for (const Shape c : {Shape{1, 128, 2, 1}, Shape{2, 640, 4, 2}, Shape{1, 4096, 2, 2}}) {
+    SCOPED_TRACE("B=" + std::to_string(c.B) + " S=" + std::to_string(c.S) + " H=" + std::to_string(c.H));
+    auto gpu = make_cuda_ops();
+    const int64_t T = c.B * c.S, D = 128;
+    const AttnShape s{c.B, c.S, c.H, c.KVH, D, {}};
+    auto q = upload(*gpu, rounded_randn(T * c.H * D, 1630, 1.f), DType::BF16, {T, c.H, D});
+    auto k = upload(*gpu, rounded_randn(T * c.KVH * D, 1631, 1.f), DType::BF16, {T, c.KVH, D});
+    auto v = upload(*gpu, rounded_randn(T * c.KVH * D, 1632, 1.f), DType::BF16, {T, c.KVH, D});
+    std::vector<float> out[3], lse[3];
+    const char* setting[3][2] = {{"64", "3"}, {"128", "3"}, {"128", "2"}};
+    for (int i = 0; i < 3; ++i) {
+      ScopedEnv keys("MXTRAIN_ATTENTION_FWD_KEYS", setting[i][0]);
+      ScopedEnv ring("MXTRAIN_ATTENTION_FWD_STAGES", setting[i][1]);
+      auto o = upload(*gpu, rounded_randn(T * c.H * D, 1633 + i, 100.f), DType::BF16, {T, c.H, D});
+      auto l = upload(*gpu, randn(c.B * c.H * c.S, 1636 + i, 100.f), DType::F32, {c.B, c.H, c.S});
+      gpu->attention_forward(s, q, k, v, o, l);
+      out[i] = download(*gpu, o);
+      lse[i] = download(*gpu, l);
+    }
+    for (int i = 1; i < 3; ++i) {
+      EXPECT_LT(max_abs_diff(out[i], out[0]), 2e-2) << setting[i][0] << " keys, " << setting[i][1] << " stages";
+      EXPECT_LT(max_abs_diff(lse[i], lse[0]), 1e-4) << setting[i][0] << " keys, " << setting[i][1] << " stages";
+    }
+    // The ring's depth changes only when tiles arrive, not the arithmetic.
+    EXPECT_EQ(0, std::memcmp(out[1].data(), out[2].data(), out[1].size() * 4)) << "2 and 3 stages differ";
+  }
+  auto gpu = make_cuda_ops();
+  auto q = upload(*gpu, rounded_randn(128 * 128, 1640, 1.f), DType::BF16, {128, 1, 128});
+  DeviceTensor o(*gpu, DType::BF16, {128, 1, 128}), l(*gpu, DType::F32, {1, 1, 128});
+  const char* bad[][3] = {{"96", "3", "pingpong"}, {"128", "4", "pingpong"}, {"128", "3", "serial"}};
+  for (const auto& b : bad) {
+    ScopedEnv keys("MXTRAIN_ATTENTION_FWD_KEYS", b[0]), ring("MXTRAIN_ATTENTION_FWD_STAGES", b[1]);
+    ScopedEnv sched("MXTRAIN_ATTENTION_FWD_SCHED", b[2]);
+    try {
+      gpu->attention_forward(AttnShape{1, 128, 1, 1, 128, {}}, q, q, q, o, l);
+      ADD_FAILURE() << "accepted keys " << b[0] << ", stages " << b[1] << ", " << b[2];
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("MXTRAIN_ATTENTION_FWD_"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // The dQ kernel's ping-pong schedule (MXTRAIN_ATTENTION_DQ_SCHED=pingpong): against the CPU twin, and dQ bit for
 // bit against the serial kernel's.
 TEST(CudaAttention, WgmmaDqPingPong) {
