@@ -11,11 +11,12 @@
 // last query but still releases them. The two warpgroups are not synchronised with each other, so one's
 // softmax runs while the other's GEMMs use the tensor cores.
 //
-// Ping-pong variant (MXTRAIN_ATTENTION_FWD_SCHED=pingpong, the default since measured faster): a producer warpgroup of its own
-// streams K and V, and each warpgroup issues step j's S = Q K^T together with step j-1's O += P V, then runs
-// step j's softmax; the two warpgroups take turns to issue (named barriers), so one's softmax lines up with the
-// other's GEMMs instead of both warpgroups contending for the tensor cores and then both for the exp unit. The
-// arithmetic and its order are the same as the serial kernel's: the same bits.
+// Ping-pong variant (MXTRAIN_ATTENTION_FWD_SCHED=pingpong, the default since measured faster): a producer
+// warpgroup of its own streams K and V, and each warpgroup issues step j's S = Q K^T together with step j-1's
+// O += P V, then runs step j's softmax; the two warpgroups take turns to issue (named barriers), so one's softmax
+// lines up with the other's GEMMs instead of both warpgroups contending for the tensor cores and then both for the
+// exp unit. The arithmetic and its order are the same as the serial kernel's: the same bits. Its 128-key form
+// (the default, attn_fwd_sm90_pp128_kernel below) halves the steps and so the per-step barriers and rescales.
 #include <cuda.h>
 
 #include <atomic>
@@ -495,18 +496,20 @@ __global__ void __launch_bounds__(keys128::kThreads, 1)
 #endif
 }
 
-// Keys per step of the ping-pong forward (MXTRAIN_ATTENTION_FWD_KEYS=64|128, default 64) and, at 128, the depth of
-// its K / V ring (MXTRAIN_ATTENTION_FWD_STAGES=2|3, default 3); read at every call, so tests can switch.
-int env_keys(const char* op) {
+// Keys per step (MXTRAIN_ATTENTION_FWD_KEYS=64|128; unset: 128 for the ping-pong schedule, 64 for the serial one,
+// which has no 128-key kernel) and, at 128, the depth of the K / V ring (MXTRAIN_ATTENTION_FWD_STAGES=2|3, default
+// 2: 4% faster than 3 at 8x7B in session 37's bench_attention, equal at 8x1B). Read at every call, so tests can switch.
+int env_keys(const char* op, bool pp) {
   const char* e = std::getenv("MXTRAIN_ATTENTION_FWD_KEYS");
-  if (!e || !*e || !std::strcmp(e, "64")) return 64;
+  if (!e || !*e) return pp ? 128 : 64;
+  if (!std::strcmp(e, "64")) return 64;
   if (!std::strcmp(e, "128")) return 128;
   fail(op, std::string("environment MXTRAIN_ATTENTION_FWD_KEYS=") + e + ": expected 64 or 128");
 }
 int env_stages(const char* op) {
   const char* e = std::getenv("MXTRAIN_ATTENTION_FWD_STAGES");
-  if (!e || !*e || !std::strcmp(e, "3")) return 3;
-  if (!std::strcmp(e, "2")) return 2;
+  if (!e || !*e || !std::strcmp(e, "2")) return 2;
+  if (!std::strcmp(e, "3")) return 3;
   fail(op, std::string("environment MXTRAIN_ATTENTION_FWD_STAGES=") + e + ": expected 2 or 3");
 }
 
@@ -518,7 +521,7 @@ bool try_fwd_sm90(const Geom& G, const FwdParams& p, int device, cudaStream_t st
   const sm90k::Mode mode = sm90k::env_mode(env, op);
   if (mode == sm90k::Mode::Off) return false;
   const bool pp = sm90k::env_schedule("MXTRAIN_ATTENTION_FWD_SCHED", op);
-  const int keys = env_keys(op), stages = keys == 128 ? env_stages(op) : kStages;
+  const int keys = env_keys(op, pp), stages = keys == 128 ? env_stages(op) : kStages;
   if (keys == 128 && !pp)
     fail(op, "MXTRAIN_ATTENTION_FWD_KEYS=128 runs the ping-pong schedule only, but "
              "MXTRAIN_ATTENTION_FWD_SCHED=serial");

@@ -2,8 +2,8 @@
 // 8x1B shape (16 heads, 8 KV heads, head_dim 128), the 8x7B shape (32 / 8 / 128) and head_dim 64 (16 / 8 and
 // 32 / 8), for each kernel set the dispatch offers (flash variant 0 = default, the same with the backward's dQ
 // kernel after its dK/dV kernel instead of beside it, the same with the mma.sync dQ kernel, with both mma.sync
-// backward kernels instead of the wgmma ones, flash variant 1, reference), plus the default kernels on
-// packed rows (documents of 1024 tokens).
+// backward kernels instead of the wgmma ones, the wgmma forward at 64 keys per step and at 128 with a 3-stage
+// ring, flash variant 1, reference), plus the default kernels on packed rows (documents of 1024 tokens).
 // FLOPs (the usual causal convention): forward 4 * B * H * S^2 * D / 2, backward 2.5x that; with documents,
 // the same formula summed over documents (the work actually needed).
 // Timing: CUDA events on the op stream around each call (forward alone, backward alone, forward then backward),
@@ -100,6 +100,8 @@ struct Impl {
   const char* fwd = "auto";       // MXTRAIN_ATTENTION_FWD
   const char* fwd_sched = "pingpong";  // MXTRAIN_ATTENTION_FWD_SCHED
   const char* dq_sched = "pingpong";   // MXTRAIN_ATTENTION_DQ_SCHED
+  const char* fwd_keys = "";           // MXTRAIN_ATTENTION_FWD_KEYS (empty: the default)
+  const char* fwd_stages = "";         // MXTRAIN_ATTENTION_FWD_STAGES
 };
 
 void set_impl(const Impl& im) {
@@ -111,6 +113,8 @@ void set_impl(const Impl& im) {
   setenv("MXTRAIN_ATTENTION_FWD", im.fwd, 1);
   setenv("MXTRAIN_ATTENTION_FWD_SCHED", im.fwd_sched, 1);
   setenv("MXTRAIN_ATTENTION_DQ_SCHED", im.dq_sched, 1);
+  setenv("MXTRAIN_ATTENTION_FWD_KEYS", im.fwd_keys, 1);
+  setenv("MXTRAIN_ATTENTION_FWD_STAGES", im.fwd_stages, 1);
 }
 
 // Median and min of `runs` timings (ms) of fn on the op stream, after `warm` untimed calls.
@@ -160,6 +164,10 @@ int run(int argc, char** argv) {
                         {"flash-v0 mma", "flash", "0", false, "1", "mma", "mma"},
                         {"flash-v0 mma-fwd", "flash", "0", false, "1", "auto", "auto", "mma"},
                         {"flash-v0 no-pp", "flash", "0", false, "1", "auto", "auto", "auto", "serial", "serial"},
+                        {"flash-v0 fwd64", "flash", "0", false, "1", "auto", "auto", "auto", "pingpong",
+                         "pingpong", "64"},
+                        {"flash-v0 fwd128x3", "flash", "0", false, "1", "auto", "auto", "auto", "pingpong",
+                         "pingpong", "128", "3"},
                         {"flash-v1", "flash", "1", false},
                         {"reference", "reference", "0", false}, {"flash-v0 docs1024", "flash", "0", true}};
   const int64_t B = 1, S = 4096, doc_len = 1024;

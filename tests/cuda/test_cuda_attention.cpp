@@ -328,12 +328,12 @@ TEST(CudaAttention, WgmmaBackwardKernels) {
   run_case({1, 512, 4, 2, 128, 1.f}, 1350);
 }
 
-// The forward's ping-pong schedule (MXTRAIN_ATTENTION_FWD_SCHED=pingpong) against the CPU twin, and bit for bit
-// against the serial wgmma kernel: the same arithmetic in the same order. Seq 128 gives warpgroup 0 a single
-// active step of two; 4096 wraps the stage ring many times.
+// The forward's ping-pong schedule (MXTRAIN_ATTENTION_FWD_SCHED=pingpong) at 64 keys per step against the CPU
+// twin, and bit for bit against the serial wgmma kernel: the same arithmetic in the same order. Seq 128 gives
+// warpgroup 0 a single active step of two; 4096 wraps the stage ring many times.
 TEST(CudaAttention, WgmmaForwardPingPong) {
   MXT_REQUIRE_SM90();
-  ScopedEnv fwd("MXTRAIN_ATTENTION_FWD", "wgmma");
+  ScopedEnv fwd("MXTRAIN_ATTENTION_FWD", "wgmma"), keys("MXTRAIN_ATTENTION_FWD_KEYS", "64");
   {
     ScopedEnv sched("MXTRAIN_ATTENTION_FWD_SCHED", "pingpong");
     run_case({1, 256, 4, 2, 128, 1.f}, 1500);
@@ -373,9 +373,10 @@ TEST(CudaAttention, WgmmaForwardPingPong) {
   }
 }
 
-// The forward over 128 keys per step (MXTRAIN_ATTENTION_FWD_KEYS=128), with a ring of 2 and of 3 stages: against
-// the CPU twin, then against the 64-key kernel (another order of the same sums: lse to fp32 rounding, out to a bf16
-// step or two). Seq 128 is one diagonal step; 640 wraps the 2- and 3-stage rings; 4096 runs 32 steps.
+// The forward over 128 keys per step (MXTRAIN_ATTENTION_FWD_KEYS=128, the default), with a ring of 2 and of 3
+// stages: against the CPU twin, then against the 64-key kernel (another order of the same sums: lse to fp32
+// rounding, out to a bf16 step or two). Seq 128 is one diagonal step; 640 wraps the 2- and 3-stage rings; 4096
+// runs 32 steps.
 TEST(CudaAttention, WgmmaForward128Keys) {
   MXT_REQUIRE_SM90();
   ScopedEnv fwd("MXTRAIN_ATTENTION_FWD", "wgmma");
@@ -416,6 +417,11 @@ TEST(CudaAttention, WgmmaForward128Keys) {
   auto gpu = make_cuda_ops();
   auto q = upload(*gpu, rounded_randn(128 * 128, 1640, 1.f), DType::BF16, {128, 1, 128});
   DeviceTensor o(*gpu, DType::BF16, {128, 1, 128}), l(*gpu, DType::F32, {1, 1, 128});
+  // Unset, the serial schedule takes its own 64 keys; asked for 128, it is an error.
+  {
+    ScopedEnv keys("MXTRAIN_ATTENTION_FWD_KEYS", ""), sched("MXTRAIN_ATTENTION_FWD_SCHED", "serial");
+    EXPECT_NO_THROW(gpu->attention_forward(AttnShape{1, 128, 1, 1, 128, {}}, q, q, q, o, l));
+  }
   const char* bad[][3] = {{"96", "3", "pingpong"}, {"128", "4", "pingpong"}, {"128", "3", "serial"}};
   for (const auto& b : bad) {
     ScopedEnv keys("MXTRAIN_ATTENTION_FWD_KEYS", b[0]), ring("MXTRAIN_ATTENTION_FWD_STAGES", b[1]);
