@@ -46,8 +46,7 @@ __device__ __forceinline__ void st(bf16* p, int64_t i, float v) { p[i] = __float
 
 // 8 bf16 <-> 8 floats through one 16-byte access (p 16-byte aligned): the vector paths of the elementwise and
 // row kernels.
-__device__ __forceinline__ void load8(const bf16* p, float (&x)[8]) {
-  const uint4 q = *reinterpret_cast<const uint4*>(p);
+__device__ __forceinline__ void unpack8(const uint4& q, float (&x)[8]) {  // 8 bf16 already in registers
   const uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -55,6 +54,8 @@ __device__ __forceinline__ void load8(const bf16* p, float (&x)[8]) {
     x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
   }
 }
+
+__device__ __forceinline__ void load8(const bf16* p, float (&x)[8]) { unpack8(*reinterpret_cast<const uint4*>(p), x); }
 
 __device__ __forceinline__ void store8(bf16* p, const float (&x)[8]) {
   uint32_t w[4];

@@ -9,6 +9,7 @@
 // its dw partial in shared memory (each column owned by one thread), writes it to scratch, and a second
 // kernel sums the G partials per column in a fixed order. Rows of a multiple of 8 elements move through
 // 16-byte accesses (the _vec kernels).
+#include <initializer_list>
 #include <string>
 
 #include "cuda_common.cuh"
@@ -176,6 +177,152 @@ __global__ void rmsnorm_dw_reduce_kernel(const float* __restrict__ partials, int
   dw[j] = static_cast<float>(static_cast<double>(dw[j]) + total);
 }
 
+// Row-in-registers kernels for d % 8 == 0 and d / 8 <= 1024 (every model shape but the widest): one thread per 8
+// columns, kRows rows per block and step, each row read once. The kernels above read a row twice around the
+// reduction and synchronised per row: 0.63 (forward) and 0.57 (backward + add) of the copy rate at 8x7B
+// (bench_memops, session 38). Per element the arithmetic is theirs; only the order of the row and dw sums differs.
+constexpr int kRows = 4, kBwdRows = 2;  // the backward holds 3 rows' worth per row within 64 registers
+constexpr int kMaxRowThreads = 1024;
+
+using cuda::unpack8;
+
+// N block-wide sums with one pair of barriers; every thread gets the results.
+template <int N>
+__device__ __forceinline__ void block_sums(float (&v)[N]) {
+  __shared__ float partial[N][32];
+#pragma unroll
+  for (int r = 0; r < N; ++r)
+    for (int o = 16; o > 0; o >>= 1) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = (blockDim.x + 31) / 32;
+  __syncthreads();  // partial may still be read by the previous step
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < N; ++r) partial[r][warp] = v[r];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    v[r] = lane < nwarps ? partial[r][lane] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
+  }
+}
+
+__global__ void __launch_bounds__(kMaxRowThreads)
+    rmsnorm_forward_rows_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, float eps,
+                                bf16* __restrict__ y, float* __restrict__ rstd, int64_t T, int64_t d) {
+  const int64_t j = static_cast<int64_t>(threadIdx.x) * 8;
+  const bool on = j < d;
+  float wv[8] = {};
+  if (on) cuda::load8(w + j, wv);
+  for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * kRows; t0 < T; t0 += static_cast<int64_t>(gridDim.x) * kRows) {
+    uint4 xq[kRows];
+    float ss[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      xq[r] = on && t0 + r < T ? *reinterpret_cast<const uint4*>(x + (t0 + r) * d + j) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float v[8];
+      unpack8(xq[r], v);
+      ss[r] = 0.f;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) ss[r] = fmaf(v[k], v[k], ss[r]);
+    }
+    block_sums(ss);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t t = t0 + r;
+      if (t >= T) break;
+      const float rr = __frsqrt_rn(__fadd_rn(__fdiv_rn(ss[r], static_cast<float>(d)), eps));
+      if (threadIdx.x == 0) rstd[t] = rr;
+      if (!on) continue;
+      float v[8], o[8];
+      unpack8(xq[r], v);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) o[k] = __fmul_rn(wv[k], __bfloat162float(__float2bfloat16(__fmul_rn(v[k], rr))));
+      cuda::store8(y + t * d + j, o);
+    }
+  }
+}
+
+// Block b takes rows [b kBwdRows, b kBwdRows + kBwdRows), then kBwdRows gridDim.x on; its dw partial stays in registers
+// (one thread per 8 columns) and goes to dw_partials[b] at the end.
+template <bool kAdd>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    rmsnorm_backward_rows_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
+                                 const bf16* __restrict__ w, const float* __restrict__ rstd, bf16* __restrict__ dx,
+                                 float* __restrict__ dw_partials, int64_t T, int64_t d) {
+  const int64_t j = static_cast<int64_t>(threadIdx.x) * 8;
+  const bool on = j < d;
+  float dwa[8] = {};
+  const uint4 wq = on ? *reinterpret_cast<const uint4*>(w + j) : make_uint4(0, 0, 0, 0);  // packed: registers
+  for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * kBwdRows; t0 < T; t0 += static_cast<int64_t>(gridDim.x) * kBwdRows) {
+    uint4 xq[kBwdRows], gq[kBwdRows], rq[kBwdRows];
+    float rr[kBwdRows], dot[kBwdRows];
+#pragma unroll
+    for (int r = 0; r < kBwdRows; ++r) {
+      const bool ok = on && t0 + r < T;
+      const int64_t at = (t0 + r) * d + j;
+      xq[r] = ok ? *reinterpret_cast<const uint4*>(x + at) : make_uint4(0, 0, 0, 0);
+      gq[r] = ok ? *reinterpret_cast<const uint4*>(dy + at) : make_uint4(0, 0, 0, 0);
+      if (kAdd) rq[r] = ok ? *reinterpret_cast<const uint4*>(dx + at) : make_uint4(0, 0, 0, 0);
+      rr[r] = t0 + r < T ? rstd[t0 + r] : 0.f;
+    }
+#pragma unroll
+    for (int r = 0; r < kBwdRows; ++r) {
+      float xv[8], gv[8], wv[8];
+      unpack8(xq[r], xv);
+      unpack8(gq[r], gv);
+      unpack8(wq, wv);
+      dot[r] = 0.f;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        dot[r] = fmaf(wv[k] * gv[k], xv[k], dot[r]);
+        if (t0 + r < T) dwa[k] = fmaf(gv[k] * xv[k], rr[r], dwa[k]);
+      }
+    }
+    block_sums(dot);
+#pragma unroll
+    for (int r = 0; r < kBwdRows; ++r) {
+      const int64_t t = t0 + r;
+      if (t >= T || !on) break;
+      const float c = rr[r] * rr[r] * rr[r] * dot[r] / static_cast<float>(d);
+      float xv[8], gv[8], wv[8], o[8];
+      unpack8(xq[r], xv);
+      unpack8(gq[r], gv);
+      unpack8(wq, wv);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) o[k] = rr[r] * wv[k] * gv[k] - c * xv[k];
+      if (kAdd) {
+        float res[8];
+        unpack8(rq[r], res);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) o[k] = __fadd_rn(res[k], __bfloat162float(__float2bfloat16(o[k])));
+      }
+      cuda::store8(dx + t * d + j, o);
+    }
+  }
+  if (!on) return;
+  float4* out = reinterpret_cast<float4*>(dw_partials + static_cast<int64_t>(blockIdx.x) * d + j);
+  out[0] = make_float4(dwa[0], dwa[1], dwa[2], dwa[3]);
+  out[1] = make_float4(dwa[4], dwa[5], dwa[6], dwa[7]);
+}
+
+// Threads of the row kernels for rows of d (a warp multiple), or 0 where they do not apply.
+int row_threads(int64_t d, std::initializer_list<const void*> ptrs) {
+  if (d % 8 != 0 || d / 8 > kMaxRowThreads) return 0;
+  for (const void* p : ptrs)
+    if (!cuda::aligned16(p)) return 0;
+  return static_cast<int>((d / 8 + 31) / 32 * 32);
+}
+
+// The backward's grid: a function of T and d only, so dw's summation order (and bits) is the same every run;
+// about 2 blocks per SM at 512 threads.
+int backward_rows_grid(int64_t T, int threads) {
+  const int64_t steps = (T + kBwdRows - 1) / kBwdRows, cap = 131072 / threads;
+  return static_cast<int>(steps < cap ? steps : cap);
+}
+
 using cuda::expect_rows;
 
 unsigned row_grid(int64_t T) { return static_cast<unsigned>(T < 65535 * 16 ? T : 65535 * 16); }
@@ -194,7 +341,11 @@ void CudaOps::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const
   cuda::expect_numel(rstd, T, op, "rstd");
   if (T == 0) return;
   if (d == 0) cuda::fail(op, "w is empty");
-  if (d % 8 == 0 && cuda::aligned16(xp) && cuda::aligned16(wp) && cuda::aligned16(yp))
+  if (const int threads = row_threads(d, {xp, wp, yp})) {
+    const int64_t steps = (T + kRows - 1) / kRows;
+    rmsnorm_forward_rows_kernel<<<static_cast<unsigned>(steps < 65535 * 16 ? steps : 65535 * 16), threads, 0,
+                                  ctx_->stream>>>(xp, wp, eps, yp, rp, T, d);
+  } else if (d % 8 == 0 && cuda::aligned16(xp) && cuda::aligned16(wp) && cuda::aligned16(yp))
     rmsnorm_forward_vec_kernel<<<row_grid(T), kThreads, 0, ctx_->stream>>>(xp, wp, eps, yp, rp, T, d);
   else
     rmsnorm_forward_kernel<<<row_grid(T), kThreads, 0, ctx_->stream>>>(xp, wp, eps, yp, rp, T, d);
@@ -219,6 +370,19 @@ void rmsnorm_backward_launch(const char* op, bool add, const Tensor& dy, const T
   cuda::expect_numel(dw, d, op, "dw");
   if (T == 0 || d == 0) return;
 
+  if (const int threads = row_threads(d, {gp, xp, wp, dxp})) {
+    const int nblocks = backward_rows_grid(T, threads);
+    auto* partials = static_cast<float*>(
+        ctx.scratch("rmsnorm_backward", sizeof(float) * static_cast<size_t>(nblocks) * static_cast<size_t>(d)));
+    (add ? rmsnorm_backward_rows_kernel<true> : rmsnorm_backward_rows_kernel<false>)<<<nblocks, threads, 0,
+                                                                                        ctx.stream>>>(
+        gp, xp, wp, rp, dxp, partials, T, d);
+    cuda::check_launch(op);
+    rmsnorm_dw_reduce_kernel<<<cuda::blocks_for(d, kReduceCols), kThreads, 0, ctx.stream>>>(partials, nblocks,
+                                                                                            dwp, d);
+    cuda::check_launch(op);
+    return;
+  }
   const size_t smem = sizeof(float) * static_cast<size_t>(d);
   int max_optin = 0;
   cuda::check(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx.device), op,

@@ -67,21 +67,33 @@ __global__ void rope_kernel(bf16* __restrict__ x, const int32_t* __restrict__ po
 }
 
 // The same arithmetic with 16-byte accesses (half % 8 == 0, x 16-byte aligned), one thread per (token, group of 8
-// pairs, chunk of kChunk heads): its 8 angles' cos / sin once, then the chunk's heads. One block per token left
-// most threads idle and synchronised twice per token at the model shapes (28 us for q + k at 8x1B, about twice
-// their bytes' time; docs/perf.md, session 26). Consecutive threads take consecutive groups, so a warp's accesses
-// are whole 128-byte runs of a head.
+// pairs, chunk of kChunk heads): its chunk's loads first, its 8 angles' cos / sin while they arrive, then the
+// chunk's heads. One block per token left most threads idle and synchronised twice per token at the model shapes
+// (28 us for q + k at 8x1B, about twice their bytes' time; docs/perf.md, session 26); loading and storing head
+// by head ran at 0.61 (q) and 0.33 (k) of the copy rate at 8x7B (bench_memops, session 38). Consecutive threads
+// take consecutive groups, so a warp's accesses are whole 128-byte runs of a head. Idx: 32-bit index arithmetic
+// where the thread count allows it.
 constexpr int kChunk = 4;
 
+template <typename Idx>
 __global__ void rope_vec_kernel(bf16* __restrict__ x, const int32_t* __restrict__ pos, const InvFreq inv_freq,
                                 float sign, int64_t T, int64_t H, int half) {
-  const int groups = half / 8;
-  const int64_t chunks = (H + kChunk - 1) / kChunk, D = 2 * static_cast<int64_t>(half);
-  const int64_t n = T * chunks * groups;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += stride) {
+  const Idx groups = static_cast<Idx>(half / 8), chunks = static_cast<Idx>((H + kChunk - 1) / kChunk);
+  const Idx n = static_cast<Idx>(T) * chunks * groups;
+  const Idx stride = static_cast<Idx>(gridDim.x) * blockDim.x;
+  const int64_t D = 2 * static_cast<int64_t>(half);
+  for (Idx k = static_cast<Idx>(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += stride) {
     const int i0 = static_cast<int>(k % groups) * 8;
-    const int64_t rest = k / groups, t = rest / chunks, h0 = (rest % chunks) * kChunk;
+    const Idx rest = k / groups, t = rest / chunks, h0 = (rest % chunks) * kChunk;
+    bf16* row = x + (static_cast<int64_t>(t) * H + h0) * D;
+    uint4 a[kChunk], b[kChunk];
+#pragma unroll
+    for (int q = 0; q < kChunk; ++q) {
+      if (h0 + q < H) {
+        a[q] = *reinterpret_cast<const uint4*>(row + q * D + i0);
+        b[q] = *reinterpret_cast<const uint4*>(row + q * D + i0 + half);
+      }
+    }
     const float p = static_cast<float>(pos[t]);
     float cs[8], sn[8];
 #pragma unroll
@@ -94,17 +106,16 @@ __global__ void rope_vec_kernel(bf16* __restrict__ x, const int32_t* __restrict_
 #pragma unroll
     for (int q = 0; q < kChunk; ++q) {
       if (h0 + q >= H) break;
-      bf16* r = x + (t * H + h0 + q) * D;
       float x1[8], x2[8], o1[8], o2[8];
-      cuda::load8(r + i0, x1);
-      cuda::load8(r + i0 + half, x2);
+      cuda::unpack8(a[q], x1);
+      cuda::unpack8(b[q], x2);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         o1[j] = __fsub_rn(round_bf16(__fmul_rn(x1[j], cs[j])), round_bf16(__fmul_rn(x2[j], sn[j])));
         o2[j] = __fadd_rn(round_bf16(__fmul_rn(x2[j], cs[j])), round_bf16(__fmul_rn(x1[j], sn[j])));
       }
-      cuda::store8(r + i0, o1);
-      cuda::store8(r + i0 + half, o2);
+      cuda::store8(row + q * D + i0, o1);
+      cuda::store8(row + q * D + i0 + half, o2);
     }
   }
 }
@@ -125,7 +136,11 @@ void rope_apply(CudaContext& ctx, const Tensor& x, const Tensor& pos, float thet
     inv.v[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(D));
   if (half % 8 == 0 && cuda::aligned16(xp)) {
     const int64_t threads = T * ((H + kChunk - 1) / kChunk) * (half / 8);
-    rope_vec_kernel<<<cuda::blocks_for(threads, kThreads), kThreads, 0, ctx.stream>>>(xp, pp, inv, sign, T, H, half);
+    const unsigned grid = cuda::blocks_for(threads, kThreads);
+    if (threads + static_cast<int64_t>(grid) * kThreads < (int64_t{1} << 32))
+      rope_vec_kernel<uint32_t><<<grid, kThreads, 0, ctx.stream>>>(xp, pp, inv, sign, T, H, half);
+    else
+      rope_vec_kernel<int64_t><<<grid, kThreads, 0, ctx.stream>>>(xp, pp, inv, sign, T, H, half);
   } else {
     const unsigned grid = static_cast<unsigned>(T < 65535 * 16 ? T : 65535 * 16);
     rope_kernel<<<grid, kThreads, 0, ctx.stream>>>(xp, pp, inv, sign, T, H, half);
