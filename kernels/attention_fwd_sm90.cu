@@ -515,6 +515,15 @@ int env_stages(const char* op) {
 
 }  // namespace
 
+// The 128-key kernel with a ring of kS stages (its shared memory limit raised on the first launch).
+template <int kS>
+void launch_pp128(unsigned grid, const sm90k::TMaps& maps, const FwdParams& p, cudaStream_t stream, const char* op) {
+  static std::atomic<bool> smem_set{false};
+  constexpr int smem = keys128::smem_bytes<kS>();
+  if (!smem_set.exchange(true)) set_smem(attn_fwd_sm90_pp128_kernel<kS>, static_cast<size_t>(smem), op);
+  attn_fwd_sm90_pp128_kernel<kS><<<grid, keys128::kThreads, smem, stream>>>(maps, p);
+}
+
 bool try_fwd_sm90(const Geom& G, const FwdParams& p, int device, cudaStream_t stream) {
   const char* op = "attention_forward";
   const char* env = "MXTRAIN_ATTENTION_FWD";
@@ -526,7 +535,7 @@ bool try_fwd_sm90(const Geom& G, const FwdParams& p, int device, cudaStream_t st
     fail(op, "MXTRAIN_ATTENTION_FWD_KEYS=128 runs the ping-pong schedule only, but "
              "MXTRAIN_ATTENTION_FWD_SCHED=serial");
   static std::atomic<int> cache[64];
-  static std::atomic<bool> smem_set{false}, pp_smem_set{false}, pp128_smem_set[2] = {false, false};
+  static std::atomic<bool> smem_set{false}, pp_smem_set{false};
   const void* kernel = keys == 128   ? (stages == 2 ? reinterpret_cast<const void*>(attn_fwd_sm90_pp128_kernel<2>)
                                                     : reinterpret_cast<const void*>(attn_fwd_sm90_pp128_kernel<3>))
                        : pp ? reinterpret_cast<const void*>(attn_fwd_sm90_pp_kernel)
@@ -549,14 +558,8 @@ bool try_fwd_sm90(const Geom& G, const FwdParams& p, int device, cudaStream_t st
   }
   maps.dout = maps.q;  // unused by the forward
   const unsigned grid = grid_1d(static_cast<int64_t>(G.S / kBM) * G.B * G.H, op);
-  if (keys == 128 && stages == 2) {
-    constexpr int smem = keys128::smem_bytes<2>();
-    if (!pp128_smem_set[0].exchange(true)) set_smem(attn_fwd_sm90_pp128_kernel<2>, static_cast<size_t>(smem), op);
-    attn_fwd_sm90_pp128_kernel<2><<<grid, keys128::kThreads, smem, stream>>>(maps, p);
-  } else if (keys == 128) {
-    constexpr int smem = keys128::smem_bytes<3>();
-    if (!pp128_smem_set[1].exchange(true)) set_smem(attn_fwd_sm90_pp128_kernel<3>, static_cast<size_t>(smem), op);
-    attn_fwd_sm90_pp128_kernel<3><<<grid, keys128::kThreads, smem, stream>>>(maps, p);
+  if (keys == 128) {
+    (stages == 2 ? launch_pp128<2> : launch_pp128<3>)(grid, maps, p, stream, op);
   } else if (pp) {
     if (!pp_smem_set.exchange(true)) set_smem(attn_fwd_sm90_pp_kernel, static_cast<size_t>(kSmem), op);
     attn_fwd_sm90_pp_kernel<<<grid, kPpThreads, kSmem, stream>>>(maps, p);
