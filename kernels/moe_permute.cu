@@ -22,8 +22,6 @@ constexpr int kPlanThreads = 512;  // multiple of 32, <= 1024
 constexpr int kPlanItems = 4;      // consecutive slots per thread in the scatter pass
 constexpr int kScanThreads = 1024;
 constexpr int kRowThreads = 128;
-constexpr int kUnroll = 4;   // row kernels: 16-byte loads in flight per thread (and per row, in the unpermute)
-constexpr int kMaxVecK = 2;  // the unpermute's loads-first path: top-k up to this
 
 // Exclusive prefix sum over the block (blockDim.x a multiple of 32, <= 1024); *total gets the block's sum.
 // All threads must call it; it ends with a barrier so it can be called again at once.
@@ -125,23 +123,10 @@ __global__ void permute_rows_kernel(const cuda::bf16* __restrict__ x, const int3
     const bool ok = s >= 0 && s < n;
     const cuda::bf16* src = x + (ok ? static_cast<int64_t>(s / k) : 0) * d;
     cuda::bf16* dst = xp + p * d;
-    if (kVec) {  // kUnroll loads in flight per thread before its stores (one at a time: 0.67 of the copy rate)
+    if (kVec) {
       const uint4* s4 = reinterpret_cast<const uint4*>(src);
       uint4* d4 = reinterpret_cast<uint4*>(dst);
-      const int64_t d8 = d / 8;
-      for (int64_t c0 = threadIdx.x; c0 < d8; c0 += static_cast<int64_t>(blockDim.x) * kUnroll) {
-        uint4 v[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t c = c0 + u * static_cast<int64_t>(blockDim.x);
-          v[u] = ok && c < d8 ? s4[c] : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t c = c0 + u * static_cast<int64_t>(blockDim.x);
-          if (c < d8) d4[c] = v[u];
-        }
-      }
+      for (int64_t c = threadIdx.x; c < d / 8; c += blockDim.x) d4[c] = ok ? s4[c] : make_uint4(0, 0, 0, 0);
     } else {
       for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[c] = ok ? src[c] : __float2bfloat16(0.f);
     }
@@ -167,55 +152,19 @@ __global__ void unpermute_rows_kernel(const cuda::bf16* __restrict__ yp, const i
     const int32_t* rows = inv + t * k;
     cuda::bf16* dst = out + t * d;
     if (kVec) {
-      if (k <= kMaxVecK) {  // every load of a step in flight before the sums (k at most kMaxVecK rows)
-        int32_t p[kMaxVecK];
-#pragma unroll
-        for (int j = 0; j < kMaxVecK; ++j) p[j] = j < k ? rows[j] : -1;
-        const int64_t d8 = d / 8;
-        for (int64_t c0 = threadIdx.x; c0 < d8; c0 += static_cast<int64_t>(blockDim.x) * kUnroll) {
-          uint4 raw[kUnroll][kMaxVecK], rq[kUnroll];
-#pragma unroll
-          for (int u = 0; u < kUnroll; ++u) {
-            const int64_t c = c0 + u * static_cast<int64_t>(blockDim.x);
-#pragma unroll
-            for (int j = 0; j < kMaxVecK; ++j)
-              raw[u][j] = c < d8 && p[j] >= 0 ? reinterpret_cast<const uint4*>(yp + static_cast<int64_t>(p[j]) * d)[c]
-                                              : make_uint4(0, 0, 0, 0);
-            if (kAdd) rq[u] = c < d8 ? reinterpret_cast<const uint4*>(res + t * d)[c] : make_uint4(0, 0, 0, 0);
-          }
-#pragma unroll
-          for (int u = 0; u < kUnroll; ++u) {
-            const int64_t c = c0 + u * static_cast<int64_t>(blockDim.x);
-            if (c >= d8) break;
-            float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int j = 0; j < kMaxVecK; ++j) {
-              if (p[j] < 0) continue;  // the same adds, in the same j order, as the loop below
-              float f[8];
-              cuda::unpack8(raw[u][j], f);
-#pragma unroll
-              for (int q = 0; q < 8; ++q) acc[q] += f[q];
-            }
-            if (kAdd) {
-              float rv[8];
-              cuda::unpack8(rq[u], rv);
-#pragma unroll
-              for (int q = 0; q < 8; ++q) acc[q] = __fadd_rn(rv[q], __bfloat162float(__float2bfloat16(acc[q])));
-            }
-            cuda::store8(dst + 8 * c, acc);
-          }
-        }
-        continue;
-      }
       for (int64_t c = threadIdx.x; c < d / 8; c += blockDim.x) {
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         for (int j = 0; j < k; ++j) {
           const int32_t p = rows[j];
           if (p < 0) continue;
-          float f[8];
-          cuda::load8(yp + static_cast<int64_t>(p) * d + 8 * c, f);
+          const uint4 raw = reinterpret_cast<const uint4*>(yp + static_cast<int64_t>(p) * d)[c];
+          const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
-          for (int q = 0; q < 8; ++q) acc[q] += f[q];
+          for (int q = 0; q < 4; ++q) {
+            const float2 f = __bfloat1622float2(h2[q]);
+            acc[2 * q] += f.x;
+            acc[2 * q + 1] += f.y;
+          }
         }
         if (kAdd) {
           float rv[8];
@@ -223,7 +172,11 @@ __global__ void unpermute_rows_kernel(const cuda::bf16* __restrict__ yp, const i
 #pragma unroll
           for (int q = 0; q < 8; ++q) acc[q] = __fadd_rn(rv[q], __bfloat162float(__float2bfloat16(acc[q])));
         }
-        cuda::store8(dst + 8 * c, acc);
+        uint4 packed;
+        __nv_bfloat162* r2 = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) r2[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+        reinterpret_cast<uint4*>(dst)[c] = packed;
       }
     } else {
       for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {

@@ -177,11 +177,12 @@ __global__ void rmsnorm_dw_reduce_kernel(const float* __restrict__ partials, int
   dw[j] = static_cast<float>(static_cast<double>(dw[j]) + total);
 }
 
-// Row-in-registers kernels for d % 8 == 0 and d / 8 <= 1024 (every model shape but the widest): one thread per 8
-// columns, kRows rows per block and step, each row read once. The kernels above read a row twice around the
-// reduction and synchronised per row: 0.63 (forward) and 0.57 (backward + add) of the copy rate at 8x7B
-// (bench_memops, session 38). Per element the arithmetic is theirs; only the order of the row and dw sums differs.
-constexpr int kRows = 4, kBwdRows = 2;  // the backward holds 3 rows' worth per row within 64 registers
+// The backward with its rows in registers, for d % 8 == 0 and d / 8 <= 1024 (every model shape but the widest):
+// one thread per 8 columns, kBwdRows rows per block and step, each row read once. The kernel above reads a row
+// twice around the reduction and synchronises per row: 0.57 of the copy rate at 8x7B against 0.66 for this one
+// (bench_memops, session 38; the same layout for the forward measured no faster, 0.62 against 0.63, and was
+// dropped). Per element the arithmetic is the kernel above's; only the order of the row and dw sums differs.
+constexpr int kBwdRows = 2;  // x, dy and the residual of 2 rows fit 64 registers
 constexpr int kMaxRowThreads = 1024;
 
 using cuda::unpack8;
@@ -204,44 +205,6 @@ __device__ __forceinline__ void block_sums(float (&v)[N]) {
   for (int r = 0; r < N; ++r) {
     v[r] = lane < nwarps ? partial[r][lane] : 0.f;
     for (int o = 16; o > 0; o >>= 1) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
-  }
-}
-
-__global__ void __launch_bounds__(kMaxRowThreads)
-    rmsnorm_forward_rows_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, float eps,
-                                bf16* __restrict__ y, float* __restrict__ rstd, int64_t T, int64_t d) {
-  const int64_t j = static_cast<int64_t>(threadIdx.x) * 8;
-  const bool on = j < d;
-  float wv[8] = {};
-  if (on) cuda::load8(w + j, wv);
-  for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * kRows; t0 < T; t0 += static_cast<int64_t>(gridDim.x) * kRows) {
-    uint4 xq[kRows];
-    float ss[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-      xq[r] = on && t0 + r < T ? *reinterpret_cast<const uint4*>(x + (t0 + r) * d + j) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float v[8];
-      unpack8(xq[r], v);
-      ss[r] = 0.f;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) ss[r] = fmaf(v[k], v[k], ss[r]);
-    }
-    block_sums(ss);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int64_t t = t0 + r;
-      if (t >= T) break;
-      const float rr = __frsqrt_rn(__fadd_rn(__fdiv_rn(ss[r], static_cast<float>(d)), eps));
-      if (threadIdx.x == 0) rstd[t] = rr;
-      if (!on) continue;
-      float v[8], o[8];
-      unpack8(xq[r], v);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) o[k] = __fmul_rn(wv[k], __bfloat162float(__float2bfloat16(__fmul_rn(v[k], rr))));
-      cuda::store8(y + t * d + j, o);
-    }
   }
 }
 
@@ -308,7 +271,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   out[1] = make_float4(dwa[4], dwa[5], dwa[6], dwa[7]);
 }
 
-// Threads of the row kernels for rows of d (a warp multiple), or 0 where they do not apply.
+// Threads of the row kernel for rows of d (a warp multiple), or 0 where they do not apply.
 int row_threads(int64_t d, std::initializer_list<const void*> ptrs) {
   if (d % 8 != 0 || d / 8 > kMaxRowThreads) return 0;
   for (const void* p : ptrs)
@@ -341,11 +304,7 @@ void CudaOps::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const
   cuda::expect_numel(rstd, T, op, "rstd");
   if (T == 0) return;
   if (d == 0) cuda::fail(op, "w is empty");
-  if (const int threads = row_threads(d, {xp, wp, yp})) {
-    const int64_t steps = (T + kRows - 1) / kRows;
-    rmsnorm_forward_rows_kernel<<<static_cast<unsigned>(steps < 65535 * 16 ? steps : 65535 * 16), threads, 0,
-                                  ctx_->stream>>>(xp, wp, eps, yp, rp, T, d);
-  } else if (d % 8 == 0 && cuda::aligned16(xp) && cuda::aligned16(wp) && cuda::aligned16(yp))
+  if (d % 8 == 0 && cuda::aligned16(xp) && cuda::aligned16(wp) && cuda::aligned16(yp))
     rmsnorm_forward_vec_kernel<<<row_grid(T), kThreads, 0, ctx_->stream>>>(xp, wp, eps, yp, rp, T, d);
   else
     rmsnorm_forward_kernel<<<row_grid(T), kThreads, 0, ctx_->stream>>>(xp, wp, eps, yp, rp, T, d);
