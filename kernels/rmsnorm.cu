@@ -208,8 +208,8 @@ __device__ __forceinline__ void block_sums(float (&v)[N]) {
   }
 }
 
-// Block b takes rows [b kBwdRows, b kBwdRows + kBwdRows), then kBwdRows gridDim.x on; its dw partial stays in registers
-// (one thread per 8 columns) and goes to dw_partials[b] at the end.
+// Block b takes rows [b kBwdRows, b kBwdRows + kBwdRows), then kBwdRows gridDim.x on; its dw partial stays in
+// registers (one thread per 8 columns) and goes to dw_partials[b] at the end.
 template <bool kAdd>
 __global__ void __launch_bounds__(kMaxRowThreads)
     rmsnorm_backward_rows_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
@@ -219,7 +219,8 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   const bool on = j < d;
   float dwa[8] = {};
   const uint4 wq = on ? *reinterpret_cast<const uint4*>(w + j) : make_uint4(0, 0, 0, 0);  // packed: registers
-  for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * kBwdRows; t0 < T; t0 += static_cast<int64_t>(gridDim.x) * kBwdRows) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kBwdRows;
+  for (int64_t t0 = static_cast<int64_t>(blockIdx.x) * kBwdRows; t0 < T; t0 += step) {
     uint4 xq[kBwdRows], gq[kBwdRows], rq[kBwdRows];
     float rr[kBwdRows], dot[kBwdRows];
 #pragma unroll
