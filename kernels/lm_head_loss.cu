@@ -20,6 +20,7 @@
 // Labels: -100 is ignored (zero loss, zero gradient row). A label outside [0, V) cannot be reported without a
 // host sync, so it makes loss_sum NaN (visible in the logged loss) and gets a zero gradient row.
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "cuda_common.cuh"
@@ -134,6 +135,52 @@ __global__ void ce_rows_vec_kernel(cuda::bf16* __restrict__ z, const int32_t* __
     row[y] = __float2bfloat16(grad_scale * (ex2(fmaf(zy, kLog2e, -lse2)) - 1.f));
 }
 
+// TEMPORARY (session 38 A/B, MXTRAIN_CE_EXP=expf): the previous vector kernel, with expf.
+__global__ void ce_rows_vec_expf_kernel(cuda::bf16* __restrict__ z, const int32_t* __restrict__ labels, int64_t V,
+                                   float grad_scale, bool grad, float* __restrict__ row_loss) {
+  const int64_t r = blockIdx.x, V8 = V / 8;
+  cuda::bf16* row = z + r * V;
+  const int32_t y = labels[r];
+  if (y == kIgnore || y < 0 || y >= V) {
+    if (grad) {
+      const float zero[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      for (int64_t c = threadIdx.x; c < V8; c += blockDim.x) cuda::store8(row + c * 8, zero);
+    }
+    if (threadIdx.x == 0) row_loss[r] = y == kIgnore ? 0.f : NAN;
+    return;
+  }
+  const float zy = cuda::ld(row, y);
+  float m = -INFINITY, s = 0.f;
+  for (int64_t c = threadIdx.x; c < V8; c += blockDim.x) {
+    float x[8];
+    cuda::load8(row + c * 8, x);
+    float mx = x[0];
+#pragma unroll
+    for (int k = 1; k < 8; ++k) mx = fmaxf(mx, x[k]);
+    if (mx > m) {
+      s = m == -INFINITY ? 0.f : s * expf(m - mx);
+      m = mx;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s += expf(x[k] - m);
+  }
+  const float M = cuda::block_max(m);
+  const float S = cuda::block_sum(m == -INFINITY ? 0.f : s * expf(m - M));
+  const float lse = M + logf(S);
+  if (threadIdx.x == 0) row_loss[r] = lse - zy;
+  if (!grad) return;
+  for (int64_t c = threadIdx.x; c < V8; c += blockDim.x) {
+    float x[8];
+    cuda::load8(row + c * 8, x);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float p = expf(x[k] - lse);
+      x[k] = grad_scale * (c * 8 + k == y ? p - 1.f : p);
+    }
+    cuda::store8(row + c * 8, x);
+  }
+}
+
 // One block: loss_sum[0] += sum_t row_loss[t], in fp64 and a fixed order.
 __global__ void loss_reduce_kernel(const float* __restrict__ row_loss, int64_t T, float* __restrict__ loss_sum) {
   __shared__ double partial[kReduceThreads / 32];
@@ -197,7 +244,7 @@ void CudaOps::lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& label
     const Tensor Z(logits, DType::BF16, {n, V}, Device::CUDA);
     gemm(false, true, n, V, d, 1.f, hc, W, 0.f, Z);  // bf16 logits, as HF
     if (V % 8 == 0 && cuda::aligned16(logits))
-      ce_rows_vec_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
+      (std::getenv("MXTRAIN_CE_EXP") ? ce_rows_vec_expf_kernel : ce_rows_vec_kernel)<<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
                                                                            row_loss + t0);
     else
       ce_rows_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
