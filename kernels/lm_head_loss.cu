@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "attention_device.cuh"
 #include "cuda_common.cuh"
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
@@ -74,14 +75,11 @@ __global__ void ce_rows_kernel(cuda::bf16* __restrict__ z, const int32_t* __rest
   }
 }
 
-// 2^x in one MUFU.EX2 (outputs below 2^-126 flush to zero: probabilities far below bf16's resolution).
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+// 2^x in one MUFU.EX2 (the attention kernels' helper; outputs below 2^-126 flush to zero, probabilities far below
+// bf16's resolution).
+using cuda::attn::fast_exp2;
+using cuda::attn::kLn2;
+using cuda::attn::kLog2e;
 
 // ce_rows_kernel with 16-byte accesses (V % 8 == 0, logits 16-byte aligned: every vocabulary of the configs):
 // the running max moves once per 8 logits, and the exponentials are base-2 ones of the logits scaled by log2(e)
@@ -112,14 +110,14 @@ __global__ void ce_rows_vec_kernel(cuda::bf16* __restrict__ z, const int32_t* __
     for (int k = 1; k < 8; ++k) mx = fmaxf(mx, x[k]);
     mx *= kLog2e;
     if (mx > m) {
-      s = m == -INFINITY ? 0.f : s * ex2(m - mx);
+      s = m == -INFINITY ? 0.f : s * fast_exp2(m - mx);
       m = mx;
     }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) s += ex2(fmaf(x[k], kLog2e, -m));
+    for (int k = 0; k < 8; ++k) s += fast_exp2(fmaf(x[k], kLog2e, -m));
   }
   const float M = cuda::block_max(m);
-  const float S = cuda::block_sum(m == -INFINITY ? 0.f : s * ex2(m - M));
+  const float S = cuda::block_sum(m == -INFINITY ? 0.f : s * fast_exp2(m - M));
   const float lse2 = M + log2f(S);
   if (threadIdx.x == 0) row_loss[r] = lse2 * kLn2 - zy;
   if (!grad) return;
@@ -127,12 +125,12 @@ __global__ void ce_rows_vec_kernel(cuda::bf16* __restrict__ z, const int32_t* __
     float x[8];
     cuda::load8(row + 8 * c, x);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) x[k] = grad_scale * ex2(fmaf(x[k], kLog2e, -lse2));
+    for (int k = 0; k < 8; ++k) x[k] = grad_scale * fast_exp2(fmaf(x[k], kLog2e, -lse2));
     cuda::store8(row + 8 * c, x);
   }
   // The label's element again, by the thread that stored its vector (program order: this store lands last).
   if (threadIdx.x == (y / 8) % blockDim.x)
-    row[y] = __float2bfloat16(grad_scale * (ex2(fmaf(zy, kLog2e, -lse2)) - 1.f));
+    row[y] = __float2bfloat16(grad_scale * (fast_exp2(fmaf(zy, kLog2e, -lse2)) - 1.f));
 }
 
 // TEMPORARY (session 38 A/B, MXTRAIN_CE_EXP=expf): the previous vector kernel, with expf.
