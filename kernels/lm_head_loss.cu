@@ -20,8 +20,6 @@
 // Labels: -100 is ignored (zero loss, zero gradient row). A label outside [0, V) cannot be reported without a
 // host sync, so it makes loss_sum NaN (visible in the logged loss) and gets a zero gradient row.
 #include <cmath>
-#include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "attention_device.cuh"
@@ -83,122 +81,56 @@ using cuda::attn::kLn2;
 using cuda::attn::kLog2e;
 
 // ce_rows_kernel with 16-byte accesses (V % 8 == 0, logits 16-byte aligned: every vocabulary of the configs):
-// the running max moves once per 8 logits, and the exponentials are base-2 ones of the logits scaled by log2(e)
-// (one FFMA and one MUFU.EX2 each). With expf (about 10 instructions) the pass was issue-bound under the power
-// cap's clock: 0.86 ms per 8x7B micro-batch for its 2.1 GB, 0.58 of the copy rate (session 38). The probabilities
-// differ from expf's by a few fp32 ulps, far below the bf16 rounding of the gradient.
-template <int kU>
+// the running max moves once per 8 logits, and the exponentials are base-2 ones of the logits scaled by log2(e):
+// one FFMA and one MUFU.EX2 each against about 10 instructions for expf, as the pass ran at 0.86 ms per 8x7B
+// micro-batch in the step (2.1 GB: 0.58 of the copy rate) at the power cap's clock. Measured in session 38: the
+// step +0.2% (within noise); the op alone at full clock unchanged. The probabilities differ from expf's by a few
+// fp32 ulps, far below the bf16 rounding of the gradient.
 __global__ void ce_rows_vec_kernel(cuda::bf16* __restrict__ z, const int32_t* __restrict__ labels, int64_t V,
-                                   float grad_scale, bool grad, float* __restrict__ row_loss, int64_t rows) {
-  const int32_t V8 = static_cast<int32_t>(V / 8), step = static_cast<int32_t>(blockDim.x) * kU;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    cuda::bf16* row = z + r * V;
-    const int32_t y = labels[r];
-    if (y == kIgnore || y < 0 || y >= V) {  // uniform over the block
-      if (grad) {
-        const float zero[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        for (int32_t c = threadIdx.x; c < V8; c += blockDim.x) cuda::store8(row + 8 * c, zero);
-      }
-      if (threadIdx.x == 0) row_loss[r] = y == kIgnore ? 0.f : NAN;
-      continue;
-    }
-    const float zy = cuda::ld(row, y);
-    float m = -INFINITY, s = 0.f;  // base-2 units: m = max(x) log2(e), s = sum 2^(x log2(e) - m)
-    for (int32_t c0 = threadIdx.x; c0 < V8; c0 += step) {
-      uint4 q[kU];
-#pragma unroll
-      for (int u = 0; u < kU; ++u)
-        if (c0 + u * static_cast<int32_t>(blockDim.x) < V8)
-          q[u] = reinterpret_cast<const uint4*>(row)[c0 + u * static_cast<int32_t>(blockDim.x)];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        if (c0 + u * static_cast<int32_t>(blockDim.x) >= V8) break;
-        float x[8];
-        cuda::unpack8(q[u], x);
-        float mx = x[0];
-#pragma unroll
-        for (int k = 1; k < 8; ++k) mx = fmaxf(mx, x[k]);
-        mx *= kLog2e;
-        if (mx > m) {
-          s = m == -INFINITY ? 0.f : s * fast_exp2(m - mx);
-          m = mx;
-        }
-#pragma unroll
-        for (int k = 0; k < 8; ++k) s += fast_exp2(fmaf(x[k], kLog2e, -m));
-      }
-    }
-    const float M = cuda::block_max(m);
-    const float S = cuda::block_sum(m == -INFINITY ? 0.f : s * fast_exp2(m - M));
-    const float lse2 = M + log2f(S);
-    if (threadIdx.x == 0) row_loss[r] = lse2 * kLn2 - zy;
-    if (!grad) continue;
-    for (int32_t c0 = threadIdx.x; c0 < V8; c0 += step) {
-      uint4 q[kU];
-#pragma unroll
-      for (int u = 0; u < kU; ++u)
-        if (c0 + u * static_cast<int32_t>(blockDim.x) < V8)
-          q[u] = reinterpret_cast<const uint4*>(row)[c0 + u * static_cast<int32_t>(blockDim.x)];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int32_t c = c0 + u * static_cast<int32_t>(blockDim.x);
-        if (c >= V8) break;
-        float x[8];
-        cuda::unpack8(q[u], x);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) x[k] = grad_scale * fast_exp2(fmaf(x[k], kLog2e, -lse2));
-        cuda::store8(row + 8 * c, x);
-      }
-    }
-    // The label's element again, by the thread that stored its vector (program order: this store lands last).
-    if (threadIdx.x == (y / 8) % blockDim.x)
-      row[y] = __float2bfloat16(grad_scale * (fast_exp2(fmaf(zy, kLog2e, -lse2)) - 1.f));
-  }
-}
-
-// TEMPORARY (session 38 A/B, MXTRAIN_CE_EXP=expf): the previous vector kernel, with expf.
-__global__ void ce_rows_vec_expf_kernel(cuda::bf16* __restrict__ z, const int32_t* __restrict__ labels, int64_t V,
                                    float grad_scale, bool grad, float* __restrict__ row_loss) {
-  const int64_t r = blockIdx.x, V8 = V / 8;
+  const int64_t r = blockIdx.x;
+  const int32_t V8 = static_cast<int32_t>(V / 8);
   cuda::bf16* row = z + r * V;
   const int32_t y = labels[r];
   if (y == kIgnore || y < 0 || y >= V) {
     if (grad) {
       const float zero[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      for (int64_t c = threadIdx.x; c < V8; c += blockDim.x) cuda::store8(row + c * 8, zero);
+      for (int32_t c = threadIdx.x; c < V8; c += blockDim.x) cuda::store8(row + 8 * c, zero);
     }
     if (threadIdx.x == 0) row_loss[r] = y == kIgnore ? 0.f : NAN;
     return;
   }
   const float zy = cuda::ld(row, y);
-  float m = -INFINITY, s = 0.f;
-  for (int64_t c = threadIdx.x; c < V8; c += blockDim.x) {
+  float m = -INFINITY, s = 0.f;  // running max and sum in base-2 units: m = max(x) log2(e), s = sum 2^(x log2(e) - m)
+  for (int32_t c = threadIdx.x; c < V8; c += blockDim.x) {
     float x[8];
-    cuda::load8(row + c * 8, x);
+    cuda::load8(row + 8 * c, x);
     float mx = x[0];
 #pragma unroll
     for (int k = 1; k < 8; ++k) mx = fmaxf(mx, x[k]);
+    mx *= kLog2e;
     if (mx > m) {
-      s = m == -INFINITY ? 0.f : s * expf(m - mx);
+      s = m == -INFINITY ? 0.f : s * fast_exp2(m - mx);
       m = mx;
     }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) s += expf(x[k] - m);
+    for (int k = 0; k < 8; ++k) s += fast_exp2(fmaf(x[k], kLog2e, -m));
   }
   const float M = cuda::block_max(m);
-  const float S = cuda::block_sum(m == -INFINITY ? 0.f : s * expf(m - M));
-  const float lse = M + logf(S);
-  if (threadIdx.x == 0) row_loss[r] = lse - zy;
+  const float S = cuda::block_sum(m == -INFINITY ? 0.f : s * fast_exp2(m - M));
+  const float lse2 = M + log2f(S);
+  if (threadIdx.x == 0) row_loss[r] = lse2 * kLn2 - zy;
   if (!grad) return;
-  for (int64_t c = threadIdx.x; c < V8; c += blockDim.x) {
+  for (int32_t c = threadIdx.x; c < V8; c += blockDim.x) {
     float x[8];
-    cuda::load8(row + c * 8, x);
+    cuda::load8(row + 8 * c, x);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float p = expf(x[k] - lse);
-      x[k] = grad_scale * (c * 8 + k == y ? p - 1.f : p);
-    }
-    cuda::store8(row + c * 8, x);
+    for (int k = 0; k < 8; ++k) x[k] = grad_scale * fast_exp2(fmaf(x[k], kLog2e, -lse2));
+    cuda::store8(row + 8 * c, x);
   }
+  // The label's element again, by the thread that stored its vector (program order: this store lands last).
+  if (threadIdx.x == (y / 8) % blockDim.x)
+    row[y] = __float2bfloat16(grad_scale * (fast_exp2(fmaf(zy, kLog2e, -lse2)) - 1.f));
 }
 
 // One block: loss_sum[0] += sum_t row_loss[t], in fp64 and a fixed order.
@@ -215,25 +147,6 @@ __global__ void loss_reduce_kernel(const float* __restrict__ row_loss, int64_t T
     for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += partial[w];
     loss_sum[0] = static_cast<float>(static_cast<double>(loss_sum[0]) + total);
   }
-}
-
-// TEMPORARY (session 38 A/B, MXTRAIN_CE_ROWS=persistent): one block of 1024 threads per SM walking the rows, so
-// that the rows in flight (one per SM, 34 MB at V = 128,256) stay in L2 for the pass's second read.
-bool ce_persistent() {
-  static const bool v = [] {
-    const char* e = std::getenv("MXTRAIN_CE_ROWS");
-    return e != nullptr && std::string(e) == "persistent";
-  }();
-  return v;
-}
-
-int sm_count(int device) {
-  static const int n = [device] {
-    int v = 0;
-    cuda::check(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device), "lm_head_loss", "SM count");
-    return v;
-  }();
-  return n;
 }
 
 }  // namespace
@@ -282,15 +195,9 @@ void CudaOps::lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& label
     const Tensor hc(hp + t0 * d, DType::BF16, {n, d}, Device::CUDA);
     const Tensor Z(logits, DType::BF16, {n, V}, Device::CUDA);
     gemm(false, true, n, V, d, 1.f, hc, W, 0.f, Z);  // bf16 logits, as HF
-    if (V % 8 == 0 && cuda::aligned16(logits) && std::getenv("MXTRAIN_CE_EXP"))
-      ce_rows_vec_expf_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale,
-                                                                                grad, row_loss + t0);
-    else if (V % 8 == 0 && cuda::aligned16(logits) && ce_persistent())
-      ce_rows_vec_kernel<4><<<static_cast<unsigned>(std::min<int64_t>(n, sm_count(ctx().device))), 1024, 0, st>>>(
-          logits, lab + t0, V, grad_scale, grad, row_loss + t0, n);
-    else if (V % 8 == 0 && cuda::aligned16(logits))
-      ce_rows_vec_kernel<1><<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
-                                                                             row_loss + t0, n);
+    if (V % 8 == 0 && cuda::aligned16(logits))
+      ce_rows_vec_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
+                                                                           row_loss + t0);
     else
       ce_rows_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
                                                                        row_loss + t0);
