@@ -8,7 +8,7 @@
 // Timing: CUDA events on the op stream, L2 flushed (256 MiB memset) before each call, median of --runs.
 // Operands are random (never zeros); the ops' correctness is tested against their CPU twins in mxtrain_tests.
 //
-// The LM head's loss pass is timed inside lm_head_loss at hidden 64 (its GEMMs small beside it).
+// The LM head's loss pass is timed inside lm_head_loss at hidden 64, with its two GEMMs (memory-bound there).
 //
 // Usage: bench_memops [--runs N] [--op NAME]    (NAME: one row, e.g. adamw; default all)
 #include <cuda_runtime.h>
@@ -197,9 +197,8 @@ int run(int argc, char** argv) {
     bench("moe_unpermute_add", 2.0 * R * H + 2 * th,
           [&] { ops.moe_unpermute_add(xp.t, perm.t, static_cast<int>(K), x.t, y.t, tmp.t); });
   }
-  {  // The LM head's loss pass (softmax, log-sum-exp, logit gradient in place over [T, V] bf16) inside lm_head_loss
-     // at hidden 64, where its two GEMMs (logits and dh, about 0.1 ms each) are small beside it: the row's
-     // bytes are the pass's own (the logits read, their gradient written), the time is the whole op's.
+  {  // lm_head_loss at hidden 64, where both GEMMs are memory-bound too: the logits [T, V] bf16 written by the
+     // first GEMM, read and overwritten with their gradient by the loss pass, read by the dh GEMM (4 transfers).
     constexpr int64_t d = 64;
     Buf h(ops, DType::BF16, {T, d}), W(ops, DType::BF16, {V, d}), dh(ops, DType::BF16, {T, d}),
         dlogits(ops, DType::BF16, {T, V}), labels(ops, DType::I32, {T}), loss(ops, DType::F32, {1}),
@@ -214,7 +213,7 @@ int run(int argc, char** argv) {
     }
     upload_i32(ops, labels.t, hl);
     ck(cudaMemsetAsync(loss.t.data, 0, 4, st), "memset");
-    bench("lm_head_loss (hidden 64)", 2.0 * 2 * T * V,
+    bench("lm_head_loss (hidden 64)", 4.0 * 2 * T * V,
           [&] { ops.lm_head_loss(h.t, W.t, labels.t, 1.f / T, loss.t, dh.t, Tensor(), dlogits.t); });
   }
   ops.release(flush);
