@@ -67,6 +67,30 @@ __global__ void embedding_accumulate_kernel(const int32_t* __restrict__ sorted_i
   }
 }
 
+// The same with 4 columns per thread (d % 4 == 0, dtable 16-byte and dout 8-byte aligned: every model shape):
+// float4 / 8-byte accesses instead of a 4-byte and a 2-byte one per column; the same adds in the same order.
+__global__ void embedding_accumulate_vec4_kernel(const int32_t* __restrict__ sorted_ids,
+                                                 const int32_t* __restrict__ sorted_t, const bf16* __restrict__ dout,
+                                                 float* __restrict__ dtable, int32_t T, int32_t V, int64_t d) {
+  const int64_t col = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+  if (col >= d) return;
+  for (int32_t i = blockIdx.y; i < T; i += gridDim.y) {
+    const int32_t id = sorted_ids[i];
+    if (id >= V) continue;                           // invalid ids (sentinel); they sort last
+    if (i > 0 && sorted_ids[i - 1] == id) continue;  // not the first position of its run
+    float4* dst = reinterpret_cast<float4*>(dtable + static_cast<int64_t>(id) * d + col);
+    float4 acc = *dst;
+    for (int32_t j = i; j < T && sorted_ids[j] == id; ++j) {
+      const uint2 g = *reinterpret_cast<const uint2*>(dout + static_cast<int64_t>(sorted_t[j]) * d + col);
+      acc.x = __fadd_rn(acc.x, __uint_as_float(g.x << 16));
+      acc.y = __fadd_rn(acc.y, __uint_as_float(g.x & 0xffff0000u));
+      acc.z = __fadd_rn(acc.z, __uint_as_float(g.y << 16));
+      acc.w = __fadd_rn(acc.w, __uint_as_float(g.y & 0xffff0000u));
+    }
+    *dst = acc;
+  }
+}
+
 size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
 int bits_for(int64_t max_value) {  // bits needed to represent 0..max_value
@@ -140,10 +164,15 @@ void CudaOps::embedding_backward(const Tensor& ids, const Tensor& dout, const Te
                                               end_bit, ctx_->stream),
               op, "cub radix sort");
   cuda::check_launch(op);
-  const int64_t col_blocks = (d + kThreads - 1) / kThreads;
+  const bool vec = d % 4 == 0 && reinterpret_cast<uintptr_t>(dt) % 16 == 0 && reinterpret_cast<uintptr_t>(g) % 8 == 0;
+  const int64_t cols_per_block = vec ? 4 * kThreads : kThreads;
+  const int64_t col_blocks = (d + cols_per_block - 1) / cols_per_block;
   if (col_blocks > 0x7fffffffLL) cuda::fail(op, "rows too wide: " + std::to_string(d));
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(T < 65535 ? T : 65535));
-  embedding_accumulate_kernel<<<grid, kThreads, 0, ctx_->stream>>>(keys_out, vals_out, g, dt, Ti, Vi, d);
+  if (vec)
+    embedding_accumulate_vec4_kernel<<<grid, kThreads, 0, ctx_->stream>>>(keys_out, vals_out, g, dt, Ti, Vi, d);
+  else
+    embedding_accumulate_kernel<<<grid, kThreads, 0, ctx_->stream>>>(keys_out, vals_out, g, dt, Ti, Vi, d);
   cuda::check_launch(op);
 }
 

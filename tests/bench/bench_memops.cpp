@@ -4,8 +4,11 @@
 // (cudaMemcpyAsync device to device, 1 GiB: bytes read + written).
 // Bytes are what each op must move at least (every input read once, every output written once), so
 // "vs copy" is the fraction of the copy rate the op reaches: an op near 1.0 has nothing left to gain but fewer
-// bytes. Timing: CUDA events on the op stream, L2 flushed (256 MiB memset) before each call, median of --runs.
+// bytes; "vs it" compares with a copy of the op's own byte count, which a short op's ramp and tail also slow.
+// Timing: CUDA events on the op stream, L2 flushed (256 MiB memset) before each call, median of --runs.
 // Operands are random (never zeros); the ops' correctness is tested against their CPU twins in mxtrain_tests.
+//
+// The LM head's loss pass is timed inside lm_head_loss at hidden 64, with its two GEMMs (memory-bound there).
 //
 // Usage: bench_memops [--runs N] [--op NAME]    (NAME: one row, e.g. adamw; default all)
 #include <cuda_runtime.h>
@@ -38,7 +41,7 @@ constexpr int64_t kAdamN = int64_t{1} << 28;
 struct Row {
   std::string op;
   double bytes = 0;
-  Timing t;
+  Timing t, same;  // the op; a copy of the same bytes
 };
 
 void fill_f32(mxt::Ops& ops, const Tensor& t, uint64_t seed, float lo, float hi) {
@@ -98,9 +101,20 @@ int run(int argc, char** argv) {
   const size_t flush_bytes = 256ull << 20;
   void* flush = ops.alloc(flush_bytes);
   std::vector<Row> rows;
+  // Each op also beside a copy of its own byte count (half read, half written): small ops pay the ramp and tail
+  // of a short kernel that the 1 GiB copy does not.
+  const size_t copy_cap = 15 * (kAdamN / 4) * 4;  // half of AdamW's bytes, the largest row
+  void* copy_src = ops.alloc(copy_cap);
+  void* copy_dst = ops.alloc(copy_cap);
+  ck(cudaMemsetAsync(copy_src, 1, copy_cap, st), "memset");
   auto bench = [&](const std::string& name, double bytes, const std::function<void()>& fn) {
     if (!only.empty() && name.rfind(only, 0) != 0 && name != "copy") return;
-    rows.push_back({name, bytes, time_it(st, flush, flush_bytes, 3, runs, fn)});
+    Row r{name, bytes, time_it(st, flush, flush_bytes, 3, runs, fn), {}};
+    const size_t half = std::min(copy_cap, static_cast<size_t>(bytes / 2));
+    r.same = time_it(st, flush, flush_bytes, 3, runs, [&] {
+      ck(cudaMemcpyAsync(copy_dst, copy_src, half, cudaMemcpyDeviceToDevice, st), "copy");
+    });
+    rows.push_back(r);
   };
 
   {  // the reference: the device's copy rate
@@ -183,14 +197,37 @@ int run(int argc, char** argv) {
     bench("moe_unpermute_add", 2.0 * R * H + 2 * th,
           [&] { ops.moe_unpermute_add(xp.t, perm.t, static_cast<int>(K), x.t, y.t, tmp.t); });
   }
+  {  // lm_head_loss at hidden 64, where both GEMMs are memory-bound too: the logits [T, V] bf16 written by the
+     // first GEMM, read and overwritten with their gradient by the loss pass, read by the dh GEMM (4 transfers).
+    constexpr int64_t d = 64;
+    Buf h(ops, DType::BF16, {T, d}), W(ops, DType::BF16, {V, d}), dh(ops, DType::BF16, {T, d}),
+        dlogits(ops, DType::BF16, {T, V}), labels(ops, DType::I32, {T}), loss(ops, DType::F32, {1}),
+        dW(ops, DType::F32, {1});
+    fill_uniform(ops, h.t, 31, 1.f);
+    fill_uniform(ops, W.t, 32, 1.f);
+    std::vector<int32_t> hl(static_cast<size_t>(T));
+    uint64_t s = 77;
+    for (int32_t& l : hl) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      l = static_cast<int32_t>((s >> 33) % V);
+    }
+    upload_i32(ops, labels.t, hl);
+    ck(cudaMemsetAsync(loss.t.data, 0, 4, st), "memset");
+    bench("lm_head_loss (hidden 64)", 4.0 * 2 * T * V,
+          [&] { ops.lm_head_loss(h.t, W.t, labels.t, 1.f / T, loss.t, dh.t, Tensor(), dlogits.t); });
+  }
   ops.release(flush);
+  ops.release(copy_src);
+  ops.release(copy_dst);
 
   const double copy_rate = rows.empty() ? 0 : rows[0].bytes / (rows[0].t.median_ms * 1e-3);
-  std::printf("\n| op | median us | min us | GB moved | TB/s | vs copy |\n| --- | --- | --- | --- | --- | --- |\n");
+  std::printf("\n| op | median us | min us | GB moved | TB/s | vs copy | same-size copy us | vs it |\n"
+              "| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Row& r : rows) {
     const double rate = r.bytes / (r.t.median_ms * 1e-3);
-    std::printf("| %s | %.1f | %.1f | %.3f | %.2f | %.2f |\n", r.op.c_str(), r.t.median_ms * 1e3, r.t.min_ms * 1e3,
-                r.bytes / 1e9, rate / 1e12, copy_rate > 0 ? rate / copy_rate : 0.0);
+    std::printf("| %s | %.1f | %.1f | %.3f | %.2f | %.2f | %.1f | %.2f |\n", r.op.c_str(), r.t.median_ms * 1e3,
+                r.t.min_ms * 1e3, r.bytes / 1e9, rate / 1e12, copy_rate > 0 ? rate / copy_rate : 0.0,
+                r.same.median_ms * 1e3, r.same.median_ms / r.t.median_ms);
   }
   return 0;
 }
