@@ -58,6 +58,16 @@ void upload_i32(mxt::Ops& ops, const Tensor& t, const std::vector<int32_t>& v) {
   ops.upload(t.data, v.data(), v.size() * 4);
 }
 
+// n ids uniform in [0, below) (an LCG: the bench needs varied values, not good randomness).
+std::vector<int32_t> random_ids(int64_t n, int64_t below, uint64_t seed) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int32_t& i : v) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    i = static_cast<int32_t>((seed >> 33) % static_cast<uint64_t>(below));
+  }
+  return v;
+}
+
 // A routing as moe_plan makes it: token t's k slots go to k distinct experts; permuted rows grouped by expert,
 // slots ascending within an expert.
 std::vector<int32_t> random_perm(uint64_t seed) {
@@ -175,13 +185,7 @@ int run(int argc, char** argv) {
 
     Buf table(ops, DType::BF16, {V, H}), ids(ops, DType::I32, {T});
     fill_uniform(ops, table.t, 27, 0.02f);
-    std::vector<int32_t> hid(static_cast<size_t>(T));
-    uint64_t s = 99;
-    for (int32_t& i : hid) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      i = static_cast<int32_t>((s >> 33) % V);
-    }
-    upload_i32(ops, ids.t, hid);
+    upload_i32(ops, ids.t, random_ids(T, V, 99));
     bench("embedding_forward", 2 * th, [&] { ops.embedding_forward(ids.t, table.t, y.t); });
     {
       Buf dtable(ops, DType::F32, {V, H});
@@ -201,17 +205,10 @@ int run(int argc, char** argv) {
      // first GEMM, read and overwritten with their gradient by the loss pass, read by the dh GEMM (4 transfers).
     constexpr int64_t d = 64;
     Buf h(ops, DType::BF16, {T, d}), W(ops, DType::BF16, {V, d}), dh(ops, DType::BF16, {T, d}),
-        dlogits(ops, DType::BF16, {T, V}), labels(ops, DType::I32, {T}), loss(ops, DType::F32, {1}),
-        dW(ops, DType::F32, {1});
+        dlogits(ops, DType::BF16, {T, V}), labels(ops, DType::I32, {T}), loss(ops, DType::F32, {1});
     fill_uniform(ops, h.t, 31, 1.f);
     fill_uniform(ops, W.t, 32, 1.f);
-    std::vector<int32_t> hl(static_cast<size_t>(T));
-    uint64_t s = 77;
-    for (int32_t& l : hl) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      l = static_cast<int32_t>((s >> 33) % V);
-    }
-    upload_i32(ops, labels.t, hl);
+    upload_i32(ops, labels.t, random_ids(T, V, 77));
     ck(cudaMemsetAsync(loss.t.data, 0, 4, st), "memset");
     bench("lm_head_loss (hidden 64)", 4.0 * 2 * T * V,
           [&] { ops.lm_head_loss(h.t, W.t, labels.t, 1.f / T, loss.t, dh.t, Tensor(), dlogits.t); });
