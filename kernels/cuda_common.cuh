@@ -69,18 +69,33 @@ __device__ __forceinline__ void store8(bf16* p, const float (&x)[8]) {
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Block-wide sum for blockDim.x a multiple of 32 and <= 1024; every thread gets the result.
-__device__ __forceinline__ float block_sum(float v) {
-  __shared__ float partial[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// N block-wide sums at once (one pair of barriers for all), for blockDim.x a multiple of 32 and <= 1024; every
+// thread gets the results.
+template <int N>
+__device__ __forceinline__ void block_sums(float (&v)[N]) {
+  __shared__ float partial[N][32];
+#pragma unroll
+  for (int r = 0; r < N; ++r)
+    for (int o = 16; o > 0; o >>= 1) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = (blockDim.x + 31) / 32;
   __syncthreads();  // partial may still be read by a previous call
-  if (lane == 0) partial[warp] = v;
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < N; ++r) partial[r][warp] = v[r];
+  }
   __syncthreads();
-  const int nwarps = (blockDim.x + 31) / 32;
-  v = lane < nwarps ? partial[lane] : 0.f;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    v[r] = lane < nwarps ? partial[r][lane] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
+  }
+}
+
+// Block-wide sum (block_sums of one value).
+__device__ __forceinline__ float block_sum(float v) {
+  float a[1] = {v};
+  block_sums(a);
+  return a[0];
 }
 
 // The same for the maximum (lanes past the block's warps count as -inf).

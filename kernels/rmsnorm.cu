@@ -185,28 +185,8 @@ __global__ void rmsnorm_dw_reduce_kernel(const float* __restrict__ partials, int
 constexpr int kBwdRows = 2;  // x, dy and the residual of 2 rows fit 64 registers
 constexpr int kMaxRowThreads = 1024;
 
+using cuda::block_sums;
 using cuda::unpack8;
-
-// N block-wide sums with one pair of barriers; every thread gets the results.
-template <int N>
-__device__ __forceinline__ void block_sums(float (&v)[N]) {
-  __shared__ float partial[N][32];
-#pragma unroll
-  for (int r = 0; r < N; ++r)
-    for (int o = 16; o > 0; o >>= 1) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = (blockDim.x + 31) / 32;
-  __syncthreads();  // partial may still be read by the previous step
-  if (lane == 0) {
-#pragma unroll
-    for (int r = 0; r < N; ++r) partial[r][warp] = v[r];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int r = 0; r < N; ++r) {
-    v[r] = lane < nwarps ? partial[r][lane] : 0.f;
-    for (int o = 16; o > 0; o >>= 1) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
-  }
-}
 
 // Block b takes rows [b kBwdRows, b kBwdRows + kBwdRows), then kBwdRows gridDim.x on; its dw partial stays in
 // registers (one thread per 8 columns) and goes to dw_partials[b] at the end.

@@ -44,13 +44,13 @@ struct Row {
   Timing t, same;  // the op; a copy of the same bytes
 };
 
+// One step of a 64-bit LCG: the bench needs varied values, not good randomness.
+uint64_t lcg(uint64_t& s) { return s = s * 6364136223846793005ull + 1442695040888963407ull; }
+
 void fill_f32(mxt::Ops& ops, const Tensor& t, uint64_t seed, float lo, float hi) {
   std::vector<float> h(static_cast<size_t>(t.numel()));
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
-  for (float& v : h) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    v = lo + (hi - lo) * static_cast<float>(s >> 40) / 16777216.f;
-  }
+  for (float& v : h) v = lo + (hi - lo) * static_cast<float>(lcg(s) >> 40) / 16777216.f;
   ops.upload(t.data, h.data(), h.size() * 4);
 }
 
@@ -58,13 +58,10 @@ void upload_i32(mxt::Ops& ops, const Tensor& t, const std::vector<int32_t>& v) {
   ops.upload(t.data, v.data(), v.size() * 4);
 }
 
-// n ids uniform in [0, below) (an LCG: the bench needs varied values, not good randomness).
+// n ids uniform in [0, below).
 std::vector<int32_t> random_ids(int64_t n, int64_t below, uint64_t seed) {
   std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int32_t& i : v) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    i = static_cast<int32_t>((seed >> 33) % static_cast<uint64_t>(below));
-  }
+  for (int32_t& i : v) i = static_cast<int32_t>((lcg(seed) >> 33) % static_cast<uint64_t>(below));
   return v;
 }
 
@@ -74,7 +71,7 @@ std::vector<int32_t> random_perm(uint64_t seed) {
   std::vector<int32_t> expert(static_cast<size_t>(R));
   uint64_t s = seed;
   for (int64_t t = 0; t < T; ++t) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    lcg(s);
     const int a = static_cast<int>((s >> 33) % E);
     const int b = static_cast<int>((a + 1 + (s >> 45) % (E - 1)) % E);
     expert[static_cast<size_t>(t * K)] = a;
