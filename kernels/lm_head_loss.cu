@@ -20,9 +20,12 @@
 // Labels: -100 is ignored (zero loss, zero gradient row). A label outside [0, V) cannot be reported without a
 // host sync, so it makes loss_sum NaN (visible in the logged loss) and gets a zero gradient row.
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "attention_device.cuh"
+#include "ce_rows.cuh"
+#include "ce_rows_sm90.hpp"
 #include "cuda_common.cuh"
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
@@ -105,16 +108,7 @@ __global__ void ce_rows_vec_kernel(cuda::bf16* __restrict__ z, const int32_t* __
   for (int32_t c = threadIdx.x; c < V8; c += blockDim.x) {
     float x[8];
     cuda::load8(row + 8 * c, x);
-    float mx = x[0];
-#pragma unroll
-    for (int k = 1; k < 8; ++k) mx = fmaxf(mx, x[k]);
-    mx *= kLog2e;
-    if (mx > m) {
-      s = m == -INFINITY ? 0.f : s * fast_exp2(m - mx);
-      m = mx;
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) s += fast_exp2(fmaf(x[k], kLog2e, -m));
+    cuda::ce_accumulate8(x, m, s);
   }
   const float M = cuda::block_max(m);
   const float S = cuda::block_sum(m == -INFINITY ? 0.f : s * fast_exp2(m - M));
@@ -124,8 +118,7 @@ __global__ void ce_rows_vec_kernel(cuda::bf16* __restrict__ z, const int32_t* __
   for (int32_t c = threadIdx.x; c < V8; c += blockDim.x) {
     float x[8];
     cuda::load8(row + 8 * c, x);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) x[k] = grad_scale * fast_exp2(fmaf(x[k], kLog2e, -lse2));
+    cuda::ce_softmax8(x, lse2, grad_scale);
     cuda::store8(row + 8 * c, x);
   }
   // The label's element again, by the thread that stored its vector (program order: this store lands last).
@@ -147,6 +140,15 @@ __global__ void loss_reduce_kernel(const float* __restrict__ row_loss, int64_t T
     for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += partial[w];
     loss_sum[0] = static_cast<float>(static_cast<double>(loss_sum[0]) + total);
   }
+}
+
+// MXTRAIN_CE_ROWS=row|cluster: the cross-entropy pass per row (default) or as 4-CTA clusters holding the row in
+// shared memory (ce_rows_sm90.cu; not yet measured against the per-row kernel). Read at every call.
+bool ce_cluster_rows() {
+  const char* e = std::getenv("MXTRAIN_CE_ROWS");
+  if (e == nullptr || *e == 0 || std::string(e) == "row") return false;
+  if (std::string(e) == "cluster") return true;
+  cuda::fail("lm_head_loss", std::string("environment MXTRAIN_CE_ROWS=") + e + ": expected row or cluster");
 }
 
 }  // namespace
@@ -195,7 +197,10 @@ void CudaOps::lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& label
     const Tensor hc(hp + t0 * d, DType::BF16, {n, d}, Device::CUDA);
     const Tensor Z(logits, DType::BF16, {n, V}, Device::CUDA);
     gemm(false, true, n, V, d, 1.f, hc, W, 0.f, Z);  // bf16 logits, as HF
-    if (V % 8 == 0 && cuda::aligned16(logits))
+    if (ce_cluster_rows() && cuda::try_ce_rows_sm90(logits, lab + t0, n, V, grad_scale, grad, row_loss + t0,
+                                                     ctx().device, st)) {
+      // each row read once (ce_rows_sm90.cu)
+    } else if (V % 8 == 0 && cuda::aligned16(logits))
       ce_rows_vec_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
                                                                            row_loss + t0);
     else

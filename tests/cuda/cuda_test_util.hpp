@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda_ops.hpp"
@@ -16,6 +18,21 @@
 #include "mxtrain/ops.hpp"
 
 namespace mxt::testing {
+
+// Sets an environment variable for one scope (for the op switches read at every call: the attention dispatch,
+// MXTRAIN_CE_ROWS).
+struct ScopedEnv {
+  std::string key, old;
+  bool had = false;
+  ScopedEnv(const char* k, const char* v) : key(k) {
+    if (const char* o = std::getenv(k)) had = true, old = o;
+    setenv(k, v, 1);
+  }
+  ~ScopedEnv() {
+    if (had) setenv(key.c_str(), old.c_str(), 1);
+    else unsetenv(key.c_str());
+  }
+};
 
 #define MXT_REQUIRE_GPU()                                                        \
   do {                                                                           \
@@ -53,6 +70,13 @@ inline float bf16_bits_to_f32(uint16_t b) {
 inline float round_bf16(float f) { return bf16_bits_to_f32(f32_to_bf16_bits(f)); }
 inline void round_bf16(std::vector<float>& v) {
   for (auto& x : v) x = round_bf16(x);
+}
+
+// Distance in bf16 units in the last place between two bf16-representable floats of equal sign.
+inline int bf16_ulps(float a, float b) {
+  const int ia = f32_to_bf16_bits(a), ib = f32_to_bf16_bits(b);
+  if (((ia ^ ib) & 0x8000) && !(a == 0.f && b == 0.f)) return 1 << 16;  // different signs: count as far
+  return std::abs(ia - ib);
 }
 
 inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {

@@ -76,20 +76,6 @@ std::vector<int32_t> make_docs(const Case& c, uint32_t seed) {
   return doc;
 }
 
-// Sets an environment variable for one scope (the attention dispatch reads it at every call).
-struct ScopedEnv {
-  std::string key, old;
-  bool had = false;
-  ScopedEnv(const char* k, const char* v) : key(k) {
-    if (const char* o = std::getenv(k)) had = true, old = o;
-    setenv(k, v, 1);
-  }
-  ~ScopedEnv() {
-    if (had) setenv(key.c_str(), old.c_str(), 1);
-    else unsetenv(key.c_str());
-  }
-};
-
 std::vector<float> rounded_randn(size_t n, uint32_t seed, float scale) {
   auto v = randn(n, seed, scale);
   round_bf16(v);

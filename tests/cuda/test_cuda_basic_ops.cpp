@@ -22,13 +22,6 @@ std::vector<float> rounded_randn(size_t n, uint32_t seed, float scale = 1.f) {
   return v;
 }
 
-// Distance in bf16 units in the last place between two bf16-representable floats of equal sign.
-int bf16_ulps(float a, float b) {
-  const int ia = f32_to_bf16_bits(a), ib = f32_to_bf16_bits(b);
-  if (((ia ^ ib) & 0x8000) && !(a == 0.f && b == 0.f)) return 1 << 16;  // different signs: count as far
-  return std::abs(ia - ib);
-}
-
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }

@@ -98,6 +98,47 @@ TEST(CudaLmHead, LargeVocab) {
   check_lm_head({131, 128256, 256}, false, 50);
 }
 
+// MXTRAIN_CE_ROWS=cluster: the pass as 4-CTA clusters holding each row in shared memory (ce_rows_sm90.cu), against
+// the CPU twin as above (ignored rows, a whole ignored prefix, two chunks, loss only), and against the per-row
+// kernel on the same logits: the losses to fp32 summation order, the gradients to one bf16 rounding step.
+TEST(CudaLmHead, ClusterRowsMatchTheRowKernel) {
+  MXT_REQUIRE_GPU();
+  {
+    ScopedEnv rows("MXTRAIN_CE_ROWS", "cluster");
+    check_lm_head({64, 1000, 256}, true, 110);
+    check_lm_head({300, 1000, 256}, true, 120, /*ignored_prefix=*/17);
+    check_lm_head({600, 128256, 256}, true, 140);
+    check_lm_head({131, 128256, 256}, false, 150);
+    check_lm_head({9, 24, 64}, true, 160);  // 3 vectors per row: the 4th CTA has none
+  }
+  auto gpu = make_cuda_ops();
+  const int64_t T = 96, V = 128256, d = 128;
+  const auto h = randn(T * d, 170), W = randn(V * d, 171, 0.05f);
+  const auto labels = make_labels(T, V, 172, 5);
+  DeviceTensor gh = upload(*gpu, h, DType::BF16, {T, d}), gW = upload(*gpu, W, DType::BF16, {V, d});
+  DeviceTensor glab = upload_i32(*gpu, labels, {T});
+  std::vector<float> loss[2], dlogits[2];
+  const char* mode[2] = {"row", "cluster"};
+  for (int i = 0; i < 2; ++i) {
+    ScopedEnv rows("MXTRAIN_CE_ROWS", mode[i]);
+    DeviceTensor gloss = upload(*gpu, {0.f}, DType::F32, {1}), gdh(*gpu, DType::BF16, {T, d});
+    DeviceTensor gz(*gpu, DType::BF16, {T, V});
+    gpu->lm_head_loss(gh, gW, glab, 0.25f, gloss, gdh, Tensor(), gz);
+    loss[i] = download(*gpu, gloss);
+    dlogits[i] = download(*gpu, gz);
+  }
+  EXPECT_NEAR(loss[1][0], loss[0][0], 1e-5 * std::abs(loss[0][0]));
+  int64_t far = 0;
+  for (size_t i = 0; i < dlogits[0].size(); ++i) far += bf16_ulps(dlogits[1][i], dlogits[0][i]) > 1;
+  EXPECT_EQ(far, 0) << "logit gradients more than one bf16 step from the per-row kernel's";
+  {
+    ScopedEnv bad("MXTRAIN_CE_ROWS", "clusters");
+    DeviceTensor gloss = upload(*gpu, {0.f}, DType::F32, {1}), gdh(*gpu, DType::BF16, {T, d});
+    DeviceTensor gz(*gpu, DType::BF16, {T, V});
+    EXPECT_THROW(gpu->lm_head_loss(gh, gW, glab, 0.25f, gloss, gdh, Tensor(), gz), std::exception);
+  }
+}
+
 // A label outside the vocabulary (and not -100) cannot raise on the device: it must poison the loss with NaN
 // rather than read out of bounds or be silently skipped.
 TEST(CudaLmHead, BadLabelGivesNaN) {

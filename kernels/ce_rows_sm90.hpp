@@ -1,0 +1,17 @@
+#pragma once
+// The cross-entropy pass over [rows, V] bf16 logits as 4-CTA clusters, each row read once (ce_rows_sm90.cu).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda_common.cuh"
+
+namespace mxt::cuda {
+
+// ce_rows_vec_kernel's contract (row losses, and with grad the logits overwritten by grad_scale * (softmax -
+// onehot)); false, with nothing launched, where it does not apply (V % 8, alignment, a row too long for the
+// segments' shared memory, not an sm_90a device).
+bool try_ce_rows_sm90(bf16* logits, const int32_t* labels, int64_t rows, int64_t V, float grad_scale, bool grad,
+                      float* row_loss, int device, cudaStream_t stream);
+
+}  // namespace mxt::cuda
