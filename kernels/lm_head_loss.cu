@@ -142,12 +142,13 @@ __global__ void loss_reduce_kernel(const float* __restrict__ row_loss, int64_t T
   }
 }
 
-// MXTRAIN_CE_ROWS=row|cluster: the cross-entropy pass per row (default) or as 4-CTA clusters holding the row in
-// shared memory (ce_rows_sm90.cu; not yet measured against the per-row kernel). Read at every call.
+// MXTRAIN_CE_ROWS=cluster|row: the cross-entropy pass as 4-CTA clusters holding the row in shared memory (default
+// where the device runs sm90a code; ce_rows_sm90.cu: 4.8% faster as a whole lm_head_loss at hidden 64, docs/perf.md
+// session 39) or per row. Read at every call.
 bool ce_cluster_rows() {
   const char* e = std::getenv("MXTRAIN_CE_ROWS");
-  if (e == nullptr || *e == 0 || std::string(e) == "row") return false;
-  if (std::string(e) == "cluster") return true;
+  if (e == nullptr || *e == 0 || std::string(e) == "cluster") return true;
+  if (std::string(e) == "row") return false;
   cuda::fail("lm_head_loss", std::string("environment MXTRAIN_CE_ROWS=") + e + ": expected row or cluster");
 }
 

@@ -98,13 +98,14 @@ TEST(CudaLmHead, LargeVocab) {
   check_lm_head({131, 128256, 256}, false, 50);
 }
 
-// MXTRAIN_CE_ROWS=cluster: the pass as 4-CTA clusters holding each row in shared memory (ce_rows_sm90.cu), against
-// the CPU twin as above (ignored rows, a whole ignored prefix, two chunks, loss only), and against the per-row
-// kernel on the same logits: the losses to fp32 summation order, the gradients to one bf16 rounding step.
+// MXTRAIN_CE_ROWS: both forms of the pass (the default 4-CTA clusters holding each row in shared memory,
+// ce_rows_sm90.cu, and the per-row kernel) against the CPU twin as above (ignored rows, a whole ignored prefix, two
+// chunks, loss only), and against each other on the same logits: the losses to fp32 summation order, the gradients
+// to one bf16 rounding step.
 TEST(CudaLmHead, ClusterRowsMatchTheRowKernel) {
   MXT_REQUIRE_GPU();
-  {
-    ScopedEnv rows("MXTRAIN_CE_ROWS", "cluster");
+  for (const char* m : {"cluster", "row"}) {
+    ScopedEnv rows("MXTRAIN_CE_ROWS", m);
     check_lm_head({64, 1000, 256}, true, 110);
     check_lm_head({300, 1000, 256}, true, 120, /*ignored_prefix=*/17);
     check_lm_head({600, 128256, 256}, true, 140);
