@@ -12,7 +12,9 @@
 // Timing: CUDA events around each call on the op stream, after warm-up, median (and min) of --runs runs, each
 // preceded by a 256 MiB memset that evicts L2; operands are random (never zeros) and far larger than L2.
 // Before timing, each sm90 variant's output is checked against the per-expert cuBLASLt output on the device
-// (relative L2 error; wgrad from zeroed dW).
+// (relative L2 error; wgrad from zeroed dW). The trainer's kernel is also timed in alternation with the dense GEMM
+// ("alternating" rows, each against its own dense partner), where timing each in its own block of runs gives the
+// first block a cooler GPU and a higher clock.
 //
 // --sustain S: also runs the W13 forward, dgrad and wgrad back to back for S seconds each as cuBLASLt's dense GEMM,
 // our 1-CTA and our CTA-pair kernel, printing one JSON line per run with its wall-clock window; sampled beside it
@@ -78,6 +80,7 @@ struct Row {
   Timing t;
   double tflops = 0, vs_dense = 0, vs_loop = 0;
   std::string note;
+  double ref_tflops = 0;  // set: "x dense" is against this (the dense calls timed in alternation with the row's)
 };
 
 // ||a - b|| / ||b|| on the device (a, b equal shapes); clobbers a.
@@ -223,6 +226,23 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       std::snprintf(note, sizeof(note), "rel L2 vs loop %.2e%s", err, path == "sm90" ? "" : " (FELL BACK to wmma)");
       const Timing t = time_it(st, flush, flush_bytes, 3, runs, [&] { grouped(out1); });
       add_row(v.name, t, note);
+    }
+    // The trainer's kernel (128 x 256, its default epilogue and L2 hints) in one CTA and in CTA pairs (wgrad: pairs
+    // over m-tiles, the trainer's), each timed in alternation with the dense GEMM so that the two share the GPU's
+    // clock and temperature: timed in blocks as above, the first row (dense) gets a cooler GPU.
+    for (int code : {1, 3}) {
+      if ((code > 1 && !with_cluster) || g_trainer_wgrad) continue;
+      mxt::sm90::set_grouped_l2_hints(-1);
+      mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
+      mxt::sm90::set_grouped_tile_n(256);
+      mxt::sm90::use_cluster_code(code);
+      mxt::sm90::set_grouped_tma_store(-1);
+      mxt::sm90::set_grouped_wgrad_tma(-1);
+      const auto t = time_alternating(st, flush, flush_bytes, 3, runs, [&] { dense(out2); }, [&] { grouped(out1); });
+      const std::string c = code == 1 ? "c1" : "c2";
+      add_row(("cublasLt dense, alternating with " + c).c_str(), t.first, "");
+      add_row(("sm90 128x256 " + c + ", alternating with dense").c_str(), t.second, "x dense: against the row above");
+      rows.back().ref_tflops = rows[rows.size() - 2].tflops;
     }
     if (sustain_s > 0 && op.out == 2 * f) {  // the W13 GEMMs, each held for sustain_s seconds
       auto held = [&](const char* impl, int cl, const std::function<void()>& fn) {
@@ -425,7 +445,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
     mxt::sm90::set_grouped_l2_hints(-1);
     const double dense_tf = rows[first].tflops, loop_tf = rows[first + 1].tflops;
     for (size_t i = first; i < rows.size(); ++i) {
-      rows[i].vs_dense = rows[i].tflops / dense_tf;
+      rows[i].vs_dense = rows[i].tflops / (rows[i].ref_tflops > 0 ? rows[i].ref_tflops : dense_tf);
       rows[i].vs_loop = rows[i].tflops / loop_tf;
       std::printf("  %-16s %-15s %8.3f ms  %7.1f TFLOP/s  %5.2f x dense  %5.2f x loop  %s\n", op.name,
                   rows[i].impl.c_str(), rows[i].t.median_ms, rows[i].tflops, rows[i].vs_dense, rows[i].vs_loop,

@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mxtrain/ops.hpp"
@@ -127,6 +128,45 @@ inline Timing time_it(cudaStream_t st, void* flush, size_t flush_bytes, int warm
   for (auto& e : ev) cudaEventDestroy(e);
   std::sort(ms.begin(), ms.end());
   return {ms[runs / 2], ms[0]};
+}
+
+// fa and fb timed in alternation (fa fb, fb fa, fa fb, ...), each call after the L2-evicting memset, `warmup` untimed
+// pairs first. Timed in two blocks, one after the other, the first block runs on a cooler GPU at a higher clock
+// under the power cap; alternating gives both the same clock and temperature, and neither always goes first.
+inline std::pair<Timing, Timing> time_alternating(cudaStream_t st, void* flush, size_t flush_bytes, int warmup,
+                                                  int runs, const std::function<void()>& fa,
+                                                  const std::function<void()>& fb) {
+  for (int i = 0; i < warmup; ++i) {
+    fa();
+    fb();
+  }
+  std::vector<cudaEvent_t> ev(4 * runs);
+  for (auto& e : ev) ck(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < runs; ++i) {
+    for (int k = 0; k < 2; ++k) {
+      const int which = (i + k) & 1;  // 0: fa
+      ck(cudaMemsetAsync(flush, (2 * i + k) & 0xFF, flush_bytes, st), "flush");
+      ck(cudaEventRecord(ev[4 * i + 2 * which], st), "event");
+      (which ? fb : fa)();
+      ck(cudaEventRecord(ev[4 * i + 2 * which + 1], st), "event");
+    }
+  }
+  ck(cudaStreamSynchronize(st), "sync");
+  ck(cudaGetLastError(), "kernels");
+  std::vector<double> ms[2];
+  for (int i = 0; i < runs; ++i)
+    for (int w = 0; w < 2; ++w) {
+      float m = 0;
+      ck(cudaEventElapsedTime(&m, ev[4 * i + 2 * w], ev[4 * i + 2 * w + 1]), "elapsed");
+      ms[w].push_back(m);
+    }
+  for (auto& e : ev) cudaEventDestroy(e);
+  Timing t[2];
+  for (int w = 0; w < 2; ++w) {
+    std::sort(ms[w].begin(), ms[w].end());
+    t[w] = {ms[w][runs / 2], ms[w][0]};
+  }
+  return {t[0], t[1]};
 }
 
 }  // namespace mxt::bench
