@@ -99,13 +99,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads)
       float x[8];
       unpack8(buf[c], x);
       ce_softmax8(x, lse2, grad_scale);
-      uint32_t w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const __nv_bfloat162 v = __floats2bfloat162_rn(x[2 * j], x[2 * j + 1]);
-        w[j] = *reinterpret_cast<const uint32_t*>(&v);
-      }
-      buf[c] = make_uint4(w[0], w[1], w[2], w[3]);
+      buf[c] = pack8(x);
     }
     __syncthreads();
     const int32_t yl = y - 8 * c_lo;  // the label's element, in this CTA's segment or not

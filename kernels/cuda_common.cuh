@@ -57,15 +57,18 @@ __device__ __forceinline__ void unpack8(const uint4& q, float (&x)[8]) {  // 8 b
 
 __device__ __forceinline__ void load8(const bf16* p, float (&x)[8]) { unpack8(*reinterpret_cast<const uint4*>(p), x); }
 
-__device__ __forceinline__ void store8(bf16* p, const float (&x)[8]) {
+// 8 floats rounded to bf16 (round to nearest even), packed into 16 bytes.
+__device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
   uint32_t w[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(x[2 * j], x[2 * j + 1]);
     w[j] = *reinterpret_cast<const uint32_t*>(&v);
   }
-  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+  return make_uint4(w[0], w[1], w[2], w[3]);
 }
+
+__device__ __forceinline__ void store8(bf16* p, const float (&x)[8]) { *reinterpret_cast<uint4*>(p) = pack8(x); }
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

@@ -19,6 +19,7 @@
 //
 // Labels: -100 is ignored (zero loss, zero gradient row). A label outside [0, V) cannot be reported without a
 // host sync, so it makes loss_sum NaN (visible in the logged loss) and gets a zero gradient row.
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -145,6 +146,8 @@ __global__ void loss_reduce_kernel(const float* __restrict__ row_loss, int64_t T
 // MXTRAIN_CE_ROWS=cluster|row: the cross-entropy pass as 4-CTA clusters holding the row in shared memory (default
 // where the device runs sm90a code; ce_rows_sm90.cu: 4.8% faster as a whole lm_head_loss at hidden 64, docs/perf.md
 // session 39) or per row. Read at every call.
+std::atomic<const char*> g_ce_rows_impl{"none"};
+
 bool ce_cluster_rows() {
   const char* e = std::getenv("MXTRAIN_CE_ROWS");
   if (e == nullptr || *e == 0 || std::string(e) == "cluster") return true;
@@ -153,6 +156,8 @@ bool ce_cluster_rows() {
 }
 
 }  // namespace
+
+const char* cuda::last_ce_rows_impl() { return g_ce_rows_impl.load(); }
 
 CudaOps::LmHeadDims CudaOps::check_lm_head(const char* op, const Tensor& h, const Tensor& W, const Tensor& labels,
                                            const Tensor& loss_sum, const Tensor& dh, const Tensor& dW,
@@ -200,13 +205,16 @@ void CudaOps::lm_head_loss(const Tensor& h, const Tensor& W, const Tensor& label
     gemm(false, true, n, V, d, 1.f, hc, W, 0.f, Z);  // bf16 logits, as HF
     if (ce_cluster_rows() && cuda::try_ce_rows_sm90(logits, lab + t0, n, V, grad_scale, grad, row_loss + t0,
                                                      ctx().device, st)) {
-      // each row read once (ce_rows_sm90.cu)
-    } else if (V % 8 == 0 && cuda::aligned16(logits))
+      g_ce_rows_impl = "cluster";
+    } else if (V % 8 == 0 && cuda::aligned16(logits)) {
+      g_ce_rows_impl = "row";
       ce_rows_vec_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
                                                                            row_loss + t0);
-    else
+    } else {
+      g_ce_rows_impl = "scalar";
       ce_rows_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, st>>>(logits, lab + t0, V, grad_scale, grad,
                                                                        row_loss + t0);
+    }
     cuda::check_launch(op);
     if (!grad) continue;
     const Tensor dhc(dhp + t0 * d, DType::BF16, {n, d}, Device::CUDA);

@@ -157,6 +157,7 @@ __global__ void unpermute_rows_kernel(const cuda::bf16* __restrict__ yp, const i
         for (int j = 0; j < k; ++j) {
           const int32_t p = rows[j];
           if (p < 0) continue;
+          // (cuda::load8 here compiles to four 4-byte loads instead of one 16-byte load)
           const uint4 raw = reinterpret_cast<const uint4*>(yp + static_cast<int64_t>(p) * d)[c];
           const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
@@ -172,11 +173,7 @@ __global__ void unpermute_rows_kernel(const cuda::bf16* __restrict__ yp, const i
 #pragma unroll
           for (int q = 0; q < 8; ++q) acc[q] = __fadd_rn(rv[q], __bfloat162float(__float2bfloat16(acc[q])));
         }
-        uint4 packed;
-        __nv_bfloat162* r2 = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) r2[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-        reinterpret_cast<uint4*>(dst)[c] = packed;
+        cuda::store8(dst + 8 * c, acc);
       }
     } else {
       for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {

@@ -238,10 +238,10 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       mxt::sm90::use_cluster_code(code);
       mxt::sm90::set_grouped_tma_store(-1);
       mxt::sm90::set_grouped_wgrad_tma(-1);
-      const auto t = time_alternating(st, flush, flush_bytes, 3, runs, [&] { dense(out2); }, [&] { grouped(out1); });
+      const auto t = time_rotating(st, flush, flush_bytes, 3, runs, {[&] { dense(out2); }, [&] { grouped(out1); }});
       const std::string c = code == 1 ? "c1" : "c2";
-      add_row(("cublasLt dense, alternating with " + c).c_str(), t.first, "");
-      add_row(("sm90 128x256 " + c + ", alternating with dense").c_str(), t.second, "x dense: against the row above");
+      add_row(("cublasLt dense, alternating with " + c).c_str(), t[0], "");
+      add_row(("sm90 128x256 " + c + ", alternating with dense").c_str(), t[1], "x dense: against the row above");
       rows.back().ref_tflops = rows[rows.size() - 2].tflops;
     }
     if (sustain_s > 0 && op.out == 2 * f) {  // the W13 GEMMs, each held for sustain_s seconds

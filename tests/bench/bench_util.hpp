@@ -12,7 +12,6 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "mxtrain/ops.hpp"
@@ -105,68 +104,47 @@ struct Timing {
   double median_ms = 0, min_ms = 0;
 };
 
-// Median / min over `runs` timed calls of fn, each after an L2-evicting memset; `warmup` untimed calls first.
-inline Timing time_it(cudaStream_t st, void* flush, size_t flush_bytes, int warmup, int runs,
-                      const std::function<void()>& fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<cudaEvent_t> ev(2 * runs);
+// Median / min over `runs` timed calls of each of fns, each call after an L2-evicting memset; `warmup` untimed rounds
+// first. Run i calls them in rotation from fns[i mod n] (a b, b a, ... for two): timed in blocks, one after the
+// other, the first block runs on a cooler GPU at a higher clock under the power cap; in rotation they share the
+// clock and temperature, and none always goes first.
+inline std::vector<Timing> time_rotating(cudaStream_t st, void* flush, size_t flush_bytes, int warmup, int runs,
+                                         const std::vector<std::function<void()>>& fns) {
+  const int n = static_cast<int>(fns.size());
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& fn : fns) fn();
+  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(n) * runs);  // [run][fn][start, end]
   for (auto& e : ev) ck(cudaEventCreate(&e), "cudaEventCreate");
   for (int i = 0; i < runs; ++i) {
-    ck(cudaMemsetAsync(flush, i & 0xFF, flush_bytes, st), "flush");
-    ck(cudaEventRecord(ev[2 * i], st), "event");
-    fn();
-    ck(cudaEventRecord(ev[2 * i + 1], st), "event");
+    for (int k = 0; k < n; ++k) {
+      const int f = (i + k) % n;
+      ck(cudaMemsetAsync(flush, (n * i + k) & 0xFF, flush_bytes, st), "flush");
+      ck(cudaEventRecord(ev[2 * (n * i + f)], st), "event");
+      fns[f]();
+      ck(cudaEventRecord(ev[2 * (n * i + f) + 1], st), "event");
+    }
   }
   ck(cudaStreamSynchronize(st), "sync");
   ck(cudaGetLastError(), "kernels");
-  std::vector<double> ms(runs);
-  for (int i = 0; i < runs; ++i) {
-    float m = 0;
-    ck(cudaEventElapsedTime(&m, ev[2 * i], ev[2 * i + 1]), "elapsed");
-    ms[i] = m;
+  std::vector<Timing> t(n);
+  for (int f = 0; f < n; ++f) {
+    std::vector<double> ms(runs);
+    for (int i = 0; i < runs; ++i) {
+      float m = 0;
+      ck(cudaEventElapsedTime(&m, ev[2 * (n * i + f)], ev[2 * (n * i + f) + 1]), "elapsed");
+      ms[i] = m;
+    }
+    std::sort(ms.begin(), ms.end());
+    t[f] = {ms[runs / 2], ms[0]};
   }
   for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  return {ms[runs / 2], ms[0]};
+  return t;
 }
 
-// fa and fb timed in alternation (fa fb, fb fa, fa fb, ...), each call after the L2-evicting memset, `warmup` untimed
-// pairs first. Timed in two blocks, one after the other, the first block runs on a cooler GPU at a higher clock
-// under the power cap; alternating gives both the same clock and temperature, and neither always goes first.
-inline std::pair<Timing, Timing> time_alternating(cudaStream_t st, void* flush, size_t flush_bytes, int warmup,
-                                                  int runs, const std::function<void()>& fa,
-                                                  const std::function<void()>& fb) {
-  for (int i = 0; i < warmup; ++i) {
-    fa();
-    fb();
-  }
-  std::vector<cudaEvent_t> ev(4 * runs);
-  for (auto& e : ev) ck(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < runs; ++i) {
-    for (int k = 0; k < 2; ++k) {
-      const int which = (i + k) & 1;  // 0: fa
-      ck(cudaMemsetAsync(flush, (2 * i + k) & 0xFF, flush_bytes, st), "flush");
-      ck(cudaEventRecord(ev[4 * i + 2 * which], st), "event");
-      (which ? fb : fa)();
-      ck(cudaEventRecord(ev[4 * i + 2 * which + 1], st), "event");
-    }
-  }
-  ck(cudaStreamSynchronize(st), "sync");
-  ck(cudaGetLastError(), "kernels");
-  std::vector<double> ms[2];
-  for (int i = 0; i < runs; ++i)
-    for (int w = 0; w < 2; ++w) {
-      float m = 0;
-      ck(cudaEventElapsedTime(&m, ev[4 * i + 2 * w], ev[4 * i + 2 * w + 1]), "elapsed");
-      ms[w].push_back(m);
-    }
-  for (auto& e : ev) cudaEventDestroy(e);
-  Timing t[2];
-  for (int w = 0; w < 2; ++w) {
-    std::sort(ms[w].begin(), ms[w].end());
-    t[w] = {ms[w][runs / 2], ms[w][0]};
-  }
-  return {t[0], t[1]};
+// One function's median / min (time_rotating of one).
+inline Timing time_it(cudaStream_t st, void* flush, size_t flush_bytes, int warmup, int runs,
+                      const std::function<void()>& fn) {
+  return time_rotating(st, flush, flush_bytes, warmup, runs, {fn})[0];
 }
 
 }  // namespace mxt::bench

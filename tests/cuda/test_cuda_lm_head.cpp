@@ -4,6 +4,7 @@
 #include <random>
 #include <vector>
 
+#include "ce_rows_sm90.hpp"
 #include "cuda_test_util.hpp"
 
 namespace mxt::testing {
@@ -111,6 +112,9 @@ TEST(CudaLmHead, ClusterRowsMatchTheRowKernel) {
     check_lm_head({600, 128256, 256}, true, 140);
     check_lm_head({131, 128256, 256}, false, 150);
     check_lm_head({9, 24, 64}, true, 160);  // 3 vectors per row: the 4th CTA has none
+    // the form asked for ran (the cluster one where the device runs sm_90a code), not a fallback
+    const bool cluster = std::string(m) == "cluster" && device_is_sm90();
+    EXPECT_STREQ(cuda::last_ce_rows_impl(), cluster ? "cluster" : "row") << "MXTRAIN_CE_ROWS=" << m;
   }
   auto gpu = make_cuda_ops();
   const int64_t T = 96, V = 128256, d = 128;
