@@ -2,10 +2,14 @@
 // The cross-entropy pass's per-vector arithmetic, shared by the per-row kernel (lm_head_loss.cu) and the cluster
 // kernel (ce_rows_sm90.cu): base-2 exponentials of logits scaled by log2(e), one FFMA and one MUFU.EX2 each.
 #include <cmath>
+#include <cstdint>
 
 #include "attention_device.cuh"
 
 namespace mxt::cuda {
+
+// The label of a row that counts for nothing (zero loss, zero gradient row), as HF's ignore_index.
+constexpr int32_t kCeIgnore = -100;
 
 // The running max m (base-2 units: max(x) log2(e)) and sum s = sum 2^(x log2(e) - m) over 8 more logits; the max
 // moves once per 8.

@@ -27,7 +27,6 @@ using attn::kLog2e;
 
 constexpr int kCluster = 4;
 constexpr int kThreads = 512;
-constexpr int32_t kIgnore = -100;
 constexpr int kMaxSegmentBytes = 200 * 1024;
 
 // Dynamic shared memory: the segment (seg vectors of 8 bf16), then the load barrier and this CTA's (max, sum).
@@ -46,11 +45,11 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads)
   const int32_t n = c_lo < V8 ? min(seg, V8 - c_lo) : 0;  // this CTA's vectors
   bf16* row = z + r * V;
   const int32_t y = labels[r];
-  if (y == kIgnore || y < 0 || y >= V) {  // uniform over the cluster; no shared memory is exchanged
+  if (y == kCeIgnore || y < 0 || y >= V) {  // uniform over the cluster; no shared memory is exchanged
     if (grad)
       for (int32_t c = threadIdx.x; c < n; c += blockDim.x)
         reinterpret_cast<uint4*>(row)[c_lo + c] = make_uint4(0, 0, 0, 0);
-    if (rank == 0 && threadIdx.x == 0) row_loss[r] = y == kIgnore ? 0.f : NAN;
+    if (rank == 0 && threadIdx.x == 0) row_loss[r] = y == kCeIgnore ? 0.f : NAN;
     return;
   }
   // The label's logit, read before any CTA of the cluster writes the row (all writes follow the first cluster
@@ -133,13 +132,13 @@ bool try_ce_rows_sm90(bf16* logits, const int32_t* labels, int64_t rows, int64_t
   const int64_t smem = seg * 16 + 16;
   if (smem > kMaxSegmentBytes || rows * kCluster > 0x7fffffffLL) return false;
   if (!sm90::device_runs_sm90a(device, reinterpret_cast<const void*>(ce_rows_cluster_kernel), g_image)) return false;
-  static std::atomic<int> smem_set{0};
-  if (smem_set.load() < smem) {
+  static const bool opted_in = [op] {  // once, for the largest segment any call may use
     check(cudaFuncSetAttribute(ce_rows_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(kMaxSegmentBytes + 16)),
+                               kMaxSegmentBytes + 16),
           op, "cudaFuncSetAttribute");
-    smem_set.store(static_cast<int>(kMaxSegmentBytes + 16));
-  }
+    return true;
+  }();
+  (void)opted_in;
   ce_rows_cluster_kernel<<<static_cast<unsigned>(rows * kCluster), kThreads, static_cast<size_t>(smem), stream>>>(
       logits, labels, V, static_cast<int32_t>(seg), grad_scale, grad, row_loss);
   check_launch(op);

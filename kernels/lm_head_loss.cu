@@ -34,7 +34,7 @@
 namespace mxt {
 namespace {
 
-constexpr int32_t kIgnore = -100;
+using cuda::kCeIgnore;
 constexpr int kRowThreads = 512;
 constexpr int kReduceThreads = 1024;
 
@@ -49,10 +49,10 @@ __global__ void ce_rows_kernel(cuda::bf16* __restrict__ z, const int32_t* __rest
   const int64_t r = blockIdx.x;
   cuda::bf16* row = z + r * V;
   const int32_t y = labels[r];
-  if (y == kIgnore || y < 0 || y >= V) {  // uniform over the block
+  if (y == kCeIgnore || y < 0 || y >= V) {  // uniform over the block
     if (grad)
       for (int64_t v = threadIdx.x; v < V; v += blockDim.x) row[v] = __float2bfloat16(0.f);
-    if (threadIdx.x == 0) row_loss[r] = y == kIgnore ? 0.f : NAN;
+    if (threadIdx.x == 0) row_loss[r] = y == kCeIgnore ? 0.f : NAN;
     return;
   }
   const float zy = cuda::ld(row, y);
@@ -96,12 +96,12 @@ __global__ void ce_rows_vec_kernel(cuda::bf16* __restrict__ z, const int32_t* __
   const int32_t V8 = static_cast<int32_t>(V / 8);
   cuda::bf16* row = z + r * V;
   const int32_t y = labels[r];
-  if (y == kIgnore || y < 0 || y >= V) {
+  if (y == kCeIgnore || y < 0 || y >= V) {
     if (grad) {
       const float zero[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       for (int32_t c = threadIdx.x; c < V8; c += blockDim.x) cuda::store8(row + 8 * c, zero);
     }
-    if (threadIdx.x == 0) row_loss[r] = y == kIgnore ? 0.f : NAN;
+    if (threadIdx.x == 0) row_loss[r] = y == kCeIgnore ? 0.f : NAN;
     return;
   }
   const float zy = cuda::ld(row, y);
