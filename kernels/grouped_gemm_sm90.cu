@@ -106,26 +106,16 @@ constexpr int kPrefetchLead = 8;         // wgrad: k-blocks before an item's end
 constexpr uint32_t kProducerRegs = 56, kConsumerRegs = 224;  // 128 x 56 + 256 x 224 = 168 x 384
 constexpr int kEpiCols = 16;             // wgrad epilogue box: 64 rows x 16 fp32 (64-byte rows, 64-byte swizzle)
 constexpr int kEpiBox = 64 * kEpiCols * 4;
-// Wgrad's operand ring is smaller so that more fp32 epilogue boxes can be in flight: its epilogue drains as fast as
-// boxes are handed to the TMA while the tensor cores wait (experiment knobs, set at compile time).
-#ifndef MXTRAIN_GG_WGRAD_RING_KB
-#define MXTRAIN_GG_WGRAD_RING_KB 192
-#endif
-#ifndef MXTRAIN_GG_WGRAD_EPI_BUFS
-#define MXTRAIN_GG_WGRAD_EPI_BUFS 3
-#endif
+constexpr int kEpiBufs = 3;              // boxes in flight per consumer warpgroup
 
-template <Mode kMode, int BN>
+template <int BN>
 struct Cfg {
   static_assert(BN == 128 || BN == 256, "BN must be 128 or 256");
   static constexpr int kStageA = BM * BK * 2;
   static constexpr int kStageB = BN * BK * 2;
-  static constexpr int kRing = kMode == Mode::kWgrad ? MXTRAIN_GG_WGRAD_RING_KB * 1024 : 192 * 1024;
-  static constexpr int kStages = kRing / (kStageA + kStageB);
-  static constexpr int kEpiBufs = kMode == Mode::kWgrad ? MXTRAIN_GG_WGRAD_EPI_BUFS : 3;  // boxes in flight per
-                                                                                           // consumer warpgroup
+  static constexpr int kStages = BN == 256 ? 4 : 6;  // 192 KiB of operand ring either way
   static constexpr int kOffB = kStages * kStageA;
-  static constexpr int kOffEpi = kOffB + kStages * kStageB;    // 2 warpgroups x kEpiBufs boxes
+  static constexpr int kOffEpi = kOffB + kStages * kStageB;    // wgrad: 2 warpgroups x kEpiBufs boxes
   static constexpr int kOffBar = kOffEpi + 2 * kEpiBufs * kEpiBox;
   static constexpr int kOffSched = kOffBar + 2 * kStages * 8;
   static constexpr int kAcc = BN / 2;  // fp32 accumulators per consumer thread (64 x BN / 128)
@@ -141,21 +131,13 @@ struct Sched {
   int32_t split_last;            // fwd / dgrad: this CTA finished its split unit last (one split item per CTA)
 };
 
-template <Mode kMode, int BN>
+template <int BN>
 constexpr int smem_bytes() {
-  return Cfg<kMode, BN>::kOffSched + static_cast<int>(sizeof(Sched)) + 1024;  // + slack for 1024-byte alignment
+  return Cfg<BN>::kOffSched + static_cast<int>(sizeof(Sched)) + 1024;  // + slack for 1024-byte alignment
 }
-template <Mode kMode>
-constexpr bool cfg_fits() {
-  using C2 = Cfg<kMode, 256>;
-  using C1 = Cfg<kMode, 128>;
-  return smem_bytes<kMode, 256>() <= 227 * 1024 && smem_bytes<kMode, 128>() <= 227 * 1024 && C2::kStages >= 2 &&
-         C1::kStages >= 2 && C2::kOffB % 1024 == 0 && C1::kOffB % 1024 == 0 && C2::kOffEpi % 1024 == 0 &&
-         C1::kOffEpi % 1024 == 0;
-}
-static_assert(cfg_fits<Mode::kFwd>() && cfg_fits<Mode::kDgrad>() && cfg_fits<Mode::kWgrad>() &&
-                  cfg_fits<Mode::kFwdSwiglu>() && cfg_fits<Mode::kDgradSwiglu>(),
-              "shared memory budget, at least two stages, 1024-byte aligned stage buffers and epilogue boxes");
+static_assert(smem_bytes<256>() <= 227 * 1024 && smem_bytes<128>() <= 227 * 1024, "shared memory budget");
+static_assert(Cfg<256>::kOffB % 1024 == 0 && Cfg<128>::kOffB % 1024 == 0, "stage buffers 1024-byte aligned");
+static_assert(Cfg<256>::kOffEpi % 1024 == 0 && Cfg<128>::kOffEpi % 1024 == 0, "epilogue boxes 1024-byte aligned");
 
 struct Params {
   const int32_t* offsets;
@@ -345,7 +327,7 @@ template <Mode kMode, int BN, int kCl>
 __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap* mB, const SetMaps* sm,
                                         const Sched& sc, const Params& p, uint32_t smem, uint64_t* full,
                                         uint64_t* empty, int rank, int unit0, int units_stride) {
-  using C = Cfg<kMode, BN>;
+  using C = Cfg<BN>;
   tma_prefetch_desc(mA);
   tma_prefetch_desc(mB);
   if constexpr (kMode == Mode::kWgrad) {
@@ -443,7 +425,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
 template <int BN>
 __device__ __forceinline__ void zero_rows(uint8_t* smem, int s, int from, int to, int c0, int c1, int t,
                                           int threads, uint32_t bar) {
-  using C = Cfg<Mode::kWgrad, BN>;
+  using C = Cfg<BN>;
   const int per_chunk = (to - from) * 8;  // 16-byte pieces
   for (int i = t; i < (c1 - c0) * per_chunk; i += threads) {
     const int c = c0 + i / per_chunk, rem = i % per_chunk;
@@ -580,7 +562,7 @@ template <Mode kMode, int BN, int kCl>
 __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm, Sched& sc, const Params& p,
                                         uint8_t* smem_ptr, uint32_t smem, uint64_t* full, uint64_t* empty, int rank,
                                         int unit0, int units_stride) {
-  using C = Cfg<kMode, BN>;
+  using C = Cfg<BN>;
   constexpr int kTA = kMode == Mode::kWgrad ? 1 : 0;
   constexpr int kTB = kMode == Mode::kFwd || kMode == Mode::kFwdSwiglu ? 0 : 1;
   const int ct = threadIdx.x - 128;           // 0..255 over both consumer warpgroups
@@ -678,15 +660,15 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
       // (The opaque copy keeps the compiler from hoisting the box addressing out of the item loop, where its
       // registers would be live across the mainloop and spill.)
       int r0 = warp * 16 + lane / 4;
-      uint32_t boxes = smem + C::kOffEpi + cw * C::kEpiBufs * kEpiBox;
+      uint32_t boxes = smem + C::kOffEpi + cw * kEpiBufs * kEpiBox;
       asm volatile("" : "+r"(r0), "+r"(boxes));
       const int wt = ct % 128;
       const uint32_t bar_id = 2 + cw;
 #pragma unroll
       for (int c = 0; c < BN / kEpiCols; ++c) {
         const int b = epi_box;
-        epi_box = epi_box + 1 == C::kEpiBufs ? 0 : epi_box + 1;
-        if (wt == 0) bulk_wait_group_read<C::kEpiBufs - 1>();
+        epi_box = epi_box + 1 == kEpiBufs ? 0 : epi_box + 1;
+        if (wt == 0) bulk_wait_group_read<kEpiBufs - 1>();
         named_barrier_sync(bar_id, 128);
         const uint32_t box = boxes + b * kEpiBox;
 #pragma unroll
@@ -716,7 +698,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
       if (p.tma_store && it.row0 + 64 * cw + 64 <= it.row_hi) {
         // Per 32 act columns, three 64 x 32 bf16 boxes through the ring: h13's gate part, its up part, act.
         int r0 = warp * 16 + lane / 4;
-        uint32_t boxes = smem + C::kOffEpi + cw * C::kEpiBufs * kEpiBox;
+        uint32_t boxes = smem + C::kOffEpi + cw * kEpiBufs * kEpiBox;
         asm volatile("" : "+r"(r0), "+r"(boxes));
         const int wt = ct % 128;
         const uint32_t bar_id = 2 + cw;
@@ -727,8 +709,8 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
 #pragma unroll
           for (int part = 0; part < 3; ++part) {
             const int b = epi_box;
-            epi_box = epi_box + 1 == C::kEpiBufs ? 0 : epi_box + 1;
-            if (wt == 0) bulk_wait_group_read<C::kEpiBufs - 1>();
+            epi_box = epi_box + 1 == kEpiBufs ? 0 : epi_box + 1;
+            if (wt == 0) bulk_wait_group_read<kEpiBufs - 1>();
             named_barrier_sync(bar_id, 128);
             const uint32_t box = boxes + b * kEpiBox;
 #pragma unroll
@@ -811,15 +793,15 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
       // The warpgroup's 64 rows all belong to the expert: 64 x 32 bf16 boxes through the same ring, stored by
       // the TMA (columns past N clipped), so the consumers start the next item while the stores drain.
       int r0 = warp * 16 + lane / 4;
-      uint32_t boxes = smem + C::kOffEpi + cw * C::kEpiBufs * kEpiBox;
+      uint32_t boxes = smem + C::kOffEpi + cw * kEpiBufs * kEpiBox;
       asm volatile("" : "+r"(r0), "+r"(boxes));
       const int wt = ct % 128;
       const uint32_t bar_id = 2 + cw;
 #pragma unroll
       for (int c = 0; c < BN / 32; ++c) {
         const int b = epi_box;
-        epi_box = epi_box + 1 == C::kEpiBufs ? 0 : epi_box + 1;
-        if (wt == 0) bulk_wait_group_read<C::kEpiBufs - 1>();
+        epi_box = epi_box + 1 == kEpiBufs ? 0 : epi_box + 1;
+        if (wt == 0) bulk_wait_group_read<kEpiBufs - 1>();
         named_barrier_sync(bar_id, 128);
         const uint32_t box = boxes + b * kEpiBox;
 #pragma unroll
@@ -868,7 +850,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const __grid_constant__ CUtensorMap tmC, const __grid_constant__ SetMaps sets,
                         const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = Cfg<kMode, BN>;
+  using C = Cfg<BN>;
   extern __shared__ uint8_t smem_raw[];
   // Swizzled TMA destinations and wgmma descriptors (base offset 0) need 1024-byte-aligned buffers.
   const uint32_t raw = smem_u32(smem_raw);
@@ -1199,14 +1181,14 @@ void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CU
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem_bytes<kMode, BN>();
+  cfg.dynamicSmemBytes = smem_bytes<BN>();
   cfg.stream = ctx.stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   // Per instantiation, once: the shared-memory opt-in and how many clusters fit on the device at once.
   static std::atomic<int> slots{0};
   if (slots.load() == 0) {
-    cuda::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kMode, BN>()), op,
+    cuda::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<BN>()), op,
                 "cudaFuncSetAttribute(shared memory)");
     int n = 0;
     if (kCl > 1) {
@@ -1220,7 +1202,7 @@ void launch(const char* op, const CUtensorMap& a, const CUtensorMap& b, const CU
                          (kCl > 1 ? std::string(" (MXTRAIN_GG_CLUSTER=1 runs the 1-CTA kernels)") : std::string()));
     if (std::getenv("MXTRAIN_GG_VERBOSE") != nullptr)
       std::fprintf(stderr, "%s: sm90 kernel mode %d, tile 128 x %d, cluster %d: %d co-resident, %d B shared\n", op,
-                   static_cast<int>(kMode), BN, kCl, n, smem_bytes<kMode, BN>());
+                   static_cast<int>(kMode), BN, kCl, n, smem_bytes<BN>());
     slots.store(n);
   }
   // Clusters scale down with the SMs left to a concurrent collective.
@@ -1299,7 +1281,7 @@ void split_workspace(Params& p, CudaContext& ctx) {
   p.split_max = tail_split_max();
   if (p.split_max < 2) return;
   const size_t ctas = static_cast<size_t>(ctx.num_sms);
-  p.split_ws = static_cast<float*>(ctx.scratch("gg_split_partials", ctas * kConsumerThreads * Cfg<Mode::kFwd, 256>::kAcc * 4));
+  p.split_ws = static_cast<float*>(ctx.scratch("gg_split_partials", ctas * kConsumerThreads * Cfg<256>::kAcc * 4));
   p.split_cnt = static_cast<int32_t*>(ctx.scratch("gg_split_counts", ctas * sizeof(int32_t)));
   if (ctx.split_counts_zeroed != p.split_cnt) {
     cuda::check(cudaMemsetAsync(p.split_cnt, 0, ctas * sizeof(int32_t), ctx.stream), "grouped_gemm",
