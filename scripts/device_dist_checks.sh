@@ -15,6 +15,8 @@
 #             time per kernel family, the top of the list printed
 #   ggncu     ncu on bench_grouped_gemm's 8x7B forwards: our kernels beside cuBLASLt's dense GEMM (clock, duration,
 #             SpeedOfLight and memory throughputs per kernel name; written in session 29, not yet run)
+#   wgncu     ncu --set full on the single-call W13 weight gradient (one CTA, pairs over m, each with and without its
+#             epilogue) beside cuBLASLt's dense GEMM: cycles, tensor pipe, L2 and DRAM traffic (scripts/ncu_table.py)
 #   cuda      every CUDA test (bf16 and MXFP8 kernels, GPU training) against its CPU twin
 #   parity    scripts/parity_hf.py, CUDA backend (bf16, then cuda-fp32), against HF transformers in fp32
 #   trainer   scripts/bench_trainer.py: L0_sanity (1 GPU) and the 8x7B 2-layer shape beside the HF baseline
@@ -322,6 +324,36 @@ for name, ms in groups.items():
     print(f"{name} (x{len(ms)}): " + ", ".join(
         f"{k} {sum(m.get(k, math.nan) for m in ms) / len(ms):.4g}" for k in want if any(k in m for m in ms)))
 PY
+    ;;
+  wgncu)
+    # The single-call W13 weight gradient (8x7B expert shapes, 16,384 rows) under ncu --set full, one launch each: our
+    # kernel in one CTA and in pairs over m (the trainer's), each with and without its epilogue
+    # (MXTRAIN_GG_FAULT=noepi: wrong sums, timing only), beside cuBLASLt's dense GEMM of equal FLOPs. Prints cycles,
+    # tensor pipe, L2 and DRAM traffic and the least cycles the L2 needs for the dW adds (scripts/ncu_table.py);
+    # per-SASS-line warp samples in wgncu_*_sass.csv (docs/perf.md, session 41).
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    KD=nvjet K1='grouped_sm90_kernel<.*Mode\)2, \(int\)256, \(int\)1>' K2='grouped_sm90_kernel<.*Mode\)2, \(int\)256, \(int\)2>'
+    # label, kernel regex, launches to skip (bench_grouped_gemm --runs 1 launches each variant 5 times; the pairs
+    # over m come after the pairs sharing A), environment
+    tables=()
+    while read -r label k skip envs; do
+      env $envs CUDA_VISIBLE_DEVICES=0 timeout 200 "$NCU" --clock-control none --set full --import-source no \
+        --kernel-name-base demangled -k "regex:${!k}" --launch-skip "$skip" -c 1 --export "$OUT/wgncu_$label" -f \
+        "$BIN_DIR/bench_grouped_gemm" --no-wmma --shape 8x7B --ops wgrad --runs 1 </dev/null >"$OUT/wgncu_$label.log" 2>&1
+      add "ncu wgrad $label" "rc=$?"
+      "$NCU" --import "$OUT/wgncu_$label.ncu-rep" --page raw --csv </dev/null >"$OUT/wgncu_${label}_raw.csv"
+      "$NCU" --import "$OUT/wgncu_$label.ncu-rep" --page source --csv --print-source sass </dev/null \
+        >"$OUT/wgncu_${label}_sass.csv"
+      rm -f "$OUT/wgncu_$label.ncu-rep"  # 5-6 MB each; the CSVs hold what the table and the stall analysis read
+      tables+=("$label=$OUT/wgncu_${label}_raw.csv")
+    done <<'RUNS'
+dense KD 0
+c1 K1 0
+c1_noepi K1 0 MXTRAIN_GG_FAULT=noepi
+c2m K2 5
+c2m_noepi K2 5 MXTRAIN_GG_FAULT=noepi
+RUNS
+    python3 scripts/ncu_table.py "${tables[@]}" | tee "$OUT/wgncu_table.md"
     ;;
   cuda)
     CUDA_VISIBLE_DEVICES=0 timeout 300 "$BIN_DIR/mxtrain_tests" --gtest_filter='*Cuda*:*Gpu*:*Mxfp8*:-Binary.*' \

@@ -29,3 +29,13 @@ add_test(NAME pack_devbin COMMAND bash ${CMAKE_SOURCE_DIR}/tests/pack_devbin_tes
 set_tests_properties(pack_devbin PROPERTIES PASS_REGULAR_EXPRESSION "pack_devbin: all passed")
 add_test(NAME device_script_sections COMMAND bash ${CMAKE_SOURCE_DIR}/tests/device_script_sections.sh
          ${CMAKE_SOURCE_DIR}/scripts/device_dist_checks.sh)
+
+# The ncu table parses session 41's committed raw metrics (the single-call weight gradient, with and without its
+# epilogue) and derives the least cycles the L2 needs for its dW adds.
+if(MXT_PYTHON3)
+  add_test(NAME ncu_table COMMAND bash -c
+           "d=$(mktemp -d) && tar xzf \"$0\" -C \"$d\" ./wg_raw.csv ./wg_noepi_raw.csv && \"$1\" \"$2\" c1=\"$d/wg_raw.csv\" noepi=\"$d/wg_noepi_raw.csv\"; rc=$?; rm -rf \"$d\"; exit $rc"
+           ${CMAKE_SOURCE_DIR}/docs/data/s41_ncu_wgrad.tgz ${MXT_PYTHON3} ${CMAKE_SOURCE_DIR}/scripts/ncu_table.py)
+  set_tests_properties(ncu_table PROPERTIES
+                       PASS_REGULAR_EXPRESSION "\\| c1 \\| 9\\.26 \\| 1\\.56 \\| 78\\.1 \\| 88\\.5 \\| 44\\.6 \\| 3\\.76 \\| 1\\.14 \\|.*\\| noepi \\| 7\\.64 \\|")
+endif()
