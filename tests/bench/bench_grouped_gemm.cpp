@@ -21,8 +21,11 @@
 // with nvidia-smi, scripts/gpu_samples.py gives each one's clock and power (an H200 is power-capped in training).
 // --wgrad-groups G,...: the trainer-shape wgrad rows also with the raster in groups of G fast units
 // (set_grouped_wgrad_group), each against the same single-call reference.
+// --gemm-sms N: our persistent kernels on N SMs (CudaOps::set_sm_reserve; cuBLASLt keeps all of them), e.g. to see
+// whether a phase of them is limited per SM or by the whole GPU's L2 (docs/perf.md, session 41).
 //
-// Usage: bench_grouped_gemm [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--no-wmma] [--no-cluster] [--sustain S]
+// Usage: bench_grouped_gemm [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--ops fwd,dgrad,wgrad] [--trainer-wgrad]
+//        [--no-wmma] [--no-cluster] [--sustain S] [--wgrad-groups G,...] [--gemm-sms N]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -462,6 +465,7 @@ int main(int argc, char** argv) {
   std::string which = "all";
   bool with_wmma = true, with_cluster = true;
   double sustain_s = 0;
+  int gemm_sms = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--runs" && i + 1 < argc) {
@@ -497,10 +501,16 @@ int main(int argc, char** argv) {
       with_cluster = false;
     } else if (a == "--sustain" && i + 1 < argc) {
       sustain_s = std::atof(argv[++i]);
+    } else if (a == "--gemm-sms" && i + 1 < argc) {
+      gemm_sms = std::atoi(argv[++i]);
+      if (gemm_sms < 1) {
+        std::fprintf(stderr, "bench_grouped_gemm: --gemm-sms must be a positive number of SMs, got '%s'\n", argv[i]);
+        return 2;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: %s [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--ops fwd,dgrad,wgrad] [--trainer-wgrad] "
-                   "[--no-wmma] [--no-cluster] [--sustain S] [--wgrad-groups G,...]\n",
+                   "[--no-wmma] [--no-cluster] [--sustain S] [--wgrad-groups G,...] [--gemm-sms N]\n",
                    argv[0]);
       return 2;
     }
@@ -520,6 +530,15 @@ int main(int argc, char** argv) {
     ck(cudaGetDeviceProperties(&prop, ops.ctx().device), "cudaGetDeviceProperties");
     std::printf("bench_grouped_gemm: %s, sm_%d%d, %d SMs, median of %d runs (L2 flushed before each)\n", prop.name,
                 prop.major, prop.minor, prop.multiProcessorCount, runs);
+    if (gemm_sms > prop.multiProcessorCount) {
+      std::fprintf(stderr, "bench_grouped_gemm: --gemm-sms %d: the device has %d SMs\n", gemm_sms,
+                   prop.multiProcessorCount);
+      return 2;
+    }
+    if (gemm_sms > 0) {
+      ops.set_sm_reserve(prop.multiProcessorCount - gemm_sms);
+      std::printf("our persistent kernels on %d SMs (--gemm-sms)\n", gemm_sms);
+    }
     const size_t flush_bytes = 256ull << 20;
     void* flush = ops.alloc(flush_bytes);
     const std::vector<double> mult = {1.30, 0.70, 1.15, 0.85, 1.05, 0.95, 1.25, 0.75};
