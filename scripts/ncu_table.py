@@ -4,8 +4,8 @@
     python3 scripts/ncu_table.py "label=run_raw.csv" ...
 
 Besides the raw figures it prints the least number of SM cycles the L2 needs for the launch's reduce sectors alone
-(ncu's peak: one per L2 cycle per slice), which is what bounds a weight-gradient epilogue that adds fp32 tiles into
-dW (docs/perf.md, session 41).
+(ncu's peak: one per L2 cycle per slice): a lower bound on a weight-gradient epilogue that adds fp32 tiles into dW
+while nothing else runs (docs/perf.md, session 41).
 """
 import csv
 import sys
