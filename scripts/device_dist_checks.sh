@@ -105,6 +105,9 @@ if len(names) >= 2:
 PY
 }
 
+# Nsight Compute: on the PATH, else where the device image installs it (empty where neither has it).
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+
 # tokens/s over steps 2.. of a metrics file, as hf_baseline.py times it
 tok_per_s() {
   python3 - "$1" <<'PY' 2>&1 | tail -1
@@ -254,7 +257,6 @@ for section in "$@"; do
     rm -rf /tmp/ck8
     ;;
   profile8x1b)
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     CUDA_VISIBLE_DEVICES=0 timeout 300 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
       --log-file "$OUT/ncu_8x1b.csv" "$MX" --config-name bench_8x1B backend=cuda num_train_steps=1 grad_acc_steps=1 \
       lr_scheduler_kwargs.num_decay_steps=1 output_dir="$OUT/prof" >"$OUT/prof.log" 2>&1
@@ -285,7 +287,6 @@ PY
     # weight gradient in the trainer's shape instead (8 micro-batches per call, each tail mode and cluster size).
     # ggncu_launches.txt lists every launch with its DRAM bytes read and written and its L2 hit rate (session 30 read
     # the DRAM traffic as throughput x duration: the forward W13 moved 9.0 GB against cuBLASLt's 4.4).
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     CUDA_VISIBLE_DEVICES=0 timeout ${GGNCU_TIMEOUT:-400} "$NCU" --clock-control none --section SpeedOfLight \
       --section MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \
       --kernel-name-base demangled -k regex:'grouped_sm90_kernel|nvjet|xmma' \
@@ -331,7 +332,6 @@ PY
     # (MXTRAIN_GG_FAULT=noepi: wrong sums, timing only), beside cuBLASLt's dense GEMM of equal FLOPs. Prints cycles,
     # tensor pipe, L2 and DRAM traffic and the least cycles the L2 needs for the dW adds (scripts/ncu_table.py);
     # per-SASS-line warp samples in wgncu_*_sass.csv (docs/perf.md, session 41).
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     KD=nvjet K1='grouped_sm90_kernel<.*Mode\)2, \(int\)256, \(int\)1>' K2='grouped_sm90_kernel<.*Mode\)2, \(int\)256, \(int\)2>'
     # label, kernel regex, launches to skip (bench_grouped_gemm --runs 1 launches each variant 5 times; the pairs
     # over m come after the pairs sharing A), environment
