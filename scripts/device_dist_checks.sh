@@ -17,6 +17,9 @@
 #             SpeedOfLight and memory throughputs per kernel name; written in session 29, not yet run)
 #   wgncu     ncu --set full on the single-call W13 weight gradient (one CTA, pairs over m, each with and without its
 #             epilogue) beside cuBLASLt's dense GEMM: cycles, tensor pipe, L2 and DRAM traffic (scripts/ncu_table.py)
+#   epiprobe  bench_wgrad_epilogue: the wgrad's fp32 epilogue alone (no mainloop), every way of writing the tile
+#             (TMA add / store with 64x16 or 64x32 boxes, 2-12 in flight; red.global, st.global), with and without a
+#             mainloop-long spin per tile, on all and half the SMs, beside a memset of the same bytes
 #   cuda      every CUDA test (bf16 and MXFP8 kernels, GPU training) against its CPU twin
 #   parity    scripts/parity_hf.py, CUDA backend (bf16, then cuda-fp32), against HF transformers in fp32
 #   trainer   scripts/bench_trainer.py: L0_sanity (1 GPU) and the 8x7B 2-layer shape beside the HF baseline
@@ -354,6 +357,11 @@ c2m K2 5
 c2m_noepi K2 5 MXTRAIN_GG_FAULT=noepi
 RUNS
     python3 scripts/ncu_table.py "${tables[@]}" | tee "$OUT/wgncu_table.md"
+    ;;
+  epiprobe)
+    CUDA_VISIBLE_DEVICES=0 timeout 240 "$BIN_DIR/bench_wgrad_epilogue" </dev/null >"$OUT/epiprobe.log" 2>&1
+    add "wgrad epilogue probe" "rc=$?"
+    grep '^|' "$OUT/epiprobe.log"
     ;;
   cuda)
     CUDA_VISIBLE_DEVICES=0 timeout 300 "$BIN_DIR/mxtrain_tests" --gtest_filter='*Cuda*:*Gpu*:*Mxfp8*:-Binary.*' \
