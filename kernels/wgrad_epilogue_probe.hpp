@@ -27,6 +27,12 @@ struct ProbeConfig {
   int64_t delay = 0;    // SM cycles each tile spins before its epilogue (a stand-in for the mainloop)
   bool stagger = false; // CTA b first spins (b % 8) / 8 of a delay, so the grid's epilogues do not line up
   bool prefetch = true; // adding modes: the tile pulled into L2 when its spin starts (the kernel's prefetch)
+  // A stand-in for the mainloop's operand traffic: a ninth warp streams 48 KiB k-blocks (six 64 x 64 bf16 TMA
+  // boxes) from load_src [load_rows, 4096] bf16 into a 2-stage ring for the whole launch, one k-block per
+  // load_kb_cycles (0: as fast as the ring turns over; < 0: no loads). Only with boxes of at most 48 KiB in all.
+  int64_t load_kb_cycles = -1;
+  const void* load_src = nullptr;
+  int64_t load_rows = 0;  // a multiple of 64
 };
 
 // Per launch: sum over warpgroups of the SM cycles spent in the epilogue, and the number of warpgroup epilogues.

@@ -15,12 +15,19 @@ namespace {
 
 constexpr int kTileM = 128, kTileN = 256, kAcc = kTileN / 2;  // a consumer thread's m64n256 fragment
 
+constexpr int kLoadKb = 6 * 64 * 64 * 2;  // one stand-in k-block: six 64 x 64 bf16 boxes (a 128 x 256 item's)
+constexpr int kLoadStages = 2;
+
 struct ProbeArgs {
   float* out;
   int E, M, N;
   long long delay;
   int stagger, prefetch;
   unsigned long long* cycles;  // [epilogue cycles, warpgroup epilogues]
+  long long load_kb;           // the load stream's pace in cycles per k-block (< 0: none)
+  int load_rows;
+  uint32_t load_off;           // shared offsets of the load ring (after the boxes) and of its 2 mbarriers and the
+  uint32_t bar_off;            // stop flag (after the ring, or the boxes without a stream)
 };
 
 __device__ __forceinline__ void spin(long long cycles) {
@@ -62,14 +69,52 @@ __device__ __forceinline__ void red_v4_pair(uint32_t odd, float* pa, float* pb_o
       : "memory");
 }
 
+// The ninth warp's load stream (one thread): k-block after k-block into the 2-stage ring until the consumers
+// raise the stop flag, each stage reused once its previous k-block has landed.
+__device__ __forceinline__ void load_stream(const CUtensorMap* ml, const ProbeArgs& a, uint32_t ring,
+                                            uint64_t* full, volatile int* stop) {
+  const long long t0 = clock64();
+  long long kb = 0;
+  for (; !*stop; ++kb) {
+    const int st = static_cast<int>(kb % kLoadStages);
+    if (kb >= kLoadStages) mbar_wait(&full[st], static_cast<uint32_t>((kb / kLoadStages - 1) & 1));
+    if (a.load_kb > 0)
+      while (clock64() - t0 < kb * a.load_kb) {
+      }
+    mbar_arrive_expect_tx(&full[st], kLoadKb);
+#pragma unroll
+    for (int i = 0; i < 6; ++i) {
+      const long long box = (kb * 6 + i) + 7919LL * blockIdx.x;
+      const int col = static_cast<int>(box % 64) * 64, row = static_cast<int>((box / 64) * 64 % a.load_rows);
+      tma_load_2d(ring + st * kLoadKb + i * 8192, ml, smem_u32(&full[st]), col, row);
+    }
+  }
+  for (long long k = kb > kLoadStages ? kb - kLoadStages : 0; k < kb; ++k)  // the ring stays until it has landed
+    mbar_wait(&full[k % kLoadStages], static_cast<uint32_t>((k / kLoadStages) & 1));
+}
+
 template <int kWrite, int kCols, int kBufs>
-__global__ void __launch_bounds__(256, 1)
-    probe_kernel(const __grid_constant__ CUtensorMap mc, const __grid_constant__ CUtensorMap pf, ProbeArgs a) {
+__global__ void __launch_bounds__(288, 1)
+    probe_kernel(const __grid_constant__ CUtensorMap mc, const __grid_constant__ CUtensorMap pf,
+                 const __grid_constant__ CUtensorMap ml, ProbeArgs a) {
   constexpr int kBox = 64 * kCols * 4;
   constexpr bool kTma = kWrite == 0 || kWrite == 1 || kWrite == 5;
   constexpr int kWarpBox = 16 * kCols * 4;  // kWrite 6: one warp's 16 rows
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t smem = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  uint8_t* smem_gen = smem_raw + (smem - smem_u32(smem_raw));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_gen + a.bar_off);
+  volatile int* stop = reinterpret_cast<volatile int*>(full + kLoadStages);
+  if (threadIdx.x == 256) {
+    for (int i = 0; i < kLoadStages; ++i) mbar_init(&full[i], 1);
+    *stop = 0;
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x >= 256) {
+    if (threadIdx.x == 256 && a.load_kb >= 0) load_stream(&ml, a, smem + a.load_off, full, stop);
+    return;
+  }
   const int ct = threadIdx.x, cw = ct / 128, wt = ct % 128, warp = wt / 32, lane = ct % 32;
   const int col_l = 2 * (lane % 4), r0 = warp * 16 + lane / 4;  // the fragment's rows r0, r0 + 8 of 64
   const uint32_t boxes = smem + cw * kBufs * kBox, warp_boxes = smem + (ct / 32) * kBufs * kWarpBox;
@@ -172,13 +217,14 @@ __global__ void __launch_bounds__(256, 1)
   } else if constexpr (kWrite == 6) {
     if (lane == 0) bulk_wait_group<0>();
   }
+  if (ct == 0) *stop = 1;  // (warpgroup 1 may still be at its last tile: the stream runs a little less long)
   if (wt == 0) {
     atomicAdd(a.cycles, my_cycles);
     atomicAdd(a.cycles + 1, my_epis);
   }
 }
 
-using ProbeFn = void (*)(CUtensorMap, CUtensorMap, ProbeArgs);
+using ProbeFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, ProbeArgs);
 
 template <int kWrite, int kCols>
 ProbeFn pick_bufs(int bufs) {
@@ -228,6 +274,17 @@ bool wgrad_epilogue_probe(const ProbeConfig& cfg, float* dW, int E, int M, int N
     return fail("needs an sm_90a device (Hopper)");
   if (cfg.ctas < 0 || cfg.ctas > sms) return fail("ctas must be 0 (every SM) or at most the SM count");
 
+  // Shared memory: the boxes, then (with the load stream) its ring, mbarriers and stop flag.
+  const int box_bytes = cfg.write == ProbeWrite::kTmaAddWarp ? 8 * cfg.bufs * 16 * cfg.box_cols * 4
+                                                             : 2 * cfg.bufs * 64 * cfg.box_cols * 4;
+  const bool loads = cfg.load_kb_cycles >= 0;
+  if (loads && (box_bytes > 48 * 1024 || cfg.load_src == nullptr || cfg.load_rows < 64 || cfg.load_rows % 64 != 0 ||
+                cfg.load_rows > (1 << 30)))
+    return fail("the load stream needs boxes of at most 48 KiB and load_src of a positive multiple of 64 rows");
+  const uint32_t load_off = (static_cast<uint32_t>(box_bytes) + 1023u) & ~1023u;
+  const uint32_t bar_off = load_off + (loads ? kLoadStages * kLoadKb : 0);
+  const int smem = static_cast<int>(bar_off) + 64 + 1024;
+
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(N) * 4, static_cast<cuuint64_t>(N) * M * 4};
   const cuuint32_t box_rows = cfg.write == ProbeWrite::kTmaAddWarp ? 16 : 64;
@@ -242,9 +299,16 @@ bool wgrad_epilogue_probe(const ProbeConfig& cfg, float* dW, int E, int M, int N
              CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return fail("cuTensorMapEncodeTiled rejected dW");
+  CUtensorMap ml{};
+  if (loads) {
+    const cuuint64_t l_dims[2] = {4096, static_cast<cuuint64_t>(cfg.load_rows)}, l_strides[1] = {4096 * 2};
+    const cuuint32_t l_box[2] = {64, 64};
+    if (encode(&ml, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(cfg.load_src), l_dims, l_strides, l_box,
+               elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return fail("cuTensorMapEncodeTiled rejected load_src");
+  }
 
-  // Every mode asks for the same large shared allocation, so that one CTA fits per SM as in the GEMM.
-  const int smem = 2 * 12 * 64 * 32 * 4 + 1024;
   if (cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
       cudaSuccess)
     return fail("cannot reserve shared memory");
@@ -252,9 +316,10 @@ bool wgrad_epilogue_probe(const ProbeConfig& cfg, float* dW, int E, int M, int N
   static unsigned long long* counters = nullptr;
   if (counters == nullptr && cudaMalloc(&counters, 2 * sizeof(unsigned long long)) != cudaSuccess)
     return fail("cannot allocate the cycle counters");
-  const ProbeArgs a{dW, E, M, N, cfg.delay, cfg.stagger ? 1 : 0, cfg.prefetch ? 1 : 0, counters};
+  const ProbeArgs a{dW,     E, M, N, cfg.delay, cfg.stagger ? 1 : 0, cfg.prefetch ? 1 : 0, counters,
+                    loads ? cfg.load_kb_cycles : -1, static_cast<int>(cfg.load_rows), load_off, bar_off};
   cudaMemsetAsync(counters, 0, 2 * sizeof(unsigned long long), stream);
-  fn<<<cfg.ctas > 0 ? cfg.ctas : sms, 256, smem, stream>>>(mc, pf, a);
+  fn<<<cfg.ctas > 0 ? cfg.ctas : sms, 288, smem, stream>>>(mc, pf, ml, a);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return fail(cudaGetErrorString(e));
   if (cycles != nullptr) {
     unsigned long long h[2] = {0, 0};

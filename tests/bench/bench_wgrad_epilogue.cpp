@@ -12,7 +12,10 @@
 // epilogue rate (two warpgroups' 128 KiB over those cycles) and the launch's rate over dW's bytes. Every row is
 // checked first: one launch on a zeroed dW, then rows of every expert against probe_value (exit 1 on a mismatch).
 //
-// Usage: bench_wgrad_epilogue [--runs N] [--delay CYCLES] [--ctas N]
+// Then the same beside a stand-in for the mainloop's operand traffic: a ninth warp streaming 48 KiB TMA k-blocks from
+// an L2-resident buffer at the mainloop's pace (--load-kb cycles per k-block) and unpaced.
+//
+// Usage: bench_wgrad_epilogue [--runs N] [--delay CYCLES] [--ctas N] [--load-kb CYCLES]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -60,7 +63,7 @@ int check(float* dW, const ProbeConfig& cfg, double& max_err) {
 
 int run(int argc, char** argv) {
   int runs = 5, ctas = 0;
-  long long delay = 35000;
+  long long delay = 35000, load_kb = 1100;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--runs" && i + 1 < argc) {
@@ -69,13 +72,15 @@ int run(int argc, char** argv) {
       delay = std::atoll(argv[++i]);
     } else if (a == "--ctas" && i + 1 < argc) {
       ctas = std::atoi(argv[++i]);
+    } else if (a == "--load-kb" && i + 1 < argc) {
+      load_kb = std::atoll(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--runs N] [--delay CYCLES] [--ctas N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--runs N] [--delay CYCLES] [--ctas N] [--load-kb CYCLES]\n", argv[0]);
       return 2;
     }
   }
-  if (runs < 1 || delay < 0 || ctas < 0) {
-    std::fprintf(stderr, "bench_wgrad_epilogue: --runs must be >= 1, --delay and --ctas >= 0\n");
+  if (runs < 1 || delay < 0 || ctas < 0 || load_kb < 1) {
+    std::fprintf(stderr, "bench_wgrad_epilogue: --runs and --load-kb must be >= 1, --delay and --ctas >= 0\n");
     return 2;
   }
   int dev = 0, sms = 0;
@@ -115,8 +120,14 @@ int run(int argc, char** argv) {
     long long delay;
     bool stagger, prefetch;
     int ctas;
+    long long load_kb = -1;  // the load stream's cycles per k-block (ProbeConfig::load_kb_cycles)
   };
   std::vector<Setting> settings = {{"no spin", 0, false, true, ctas}, {"spin", delay, false, true, ctas}};
+  // The operands the load stream reads: 32 MiB of bf16, L2-resident as most of the grouped GEMM's operand reads are.
+  constexpr int64_t kLoadRows = 4096;
+  void* load_src = nullptr;
+  ck(cudaMalloc(&load_src, kLoadRows * 4096 * 2), "load source");
+  ck(cudaMemset(load_src, 0x3c, kLoadRows * 4096 * 2), "load source");
 
   std::printf("bench_wgrad_epilogue: dW [%d, %d, %d] fp32 (%.2f GB), %d SMs, spin %lld cycles per tile\n", E, M, N,
               bytes / 1e9, sms, delay);
@@ -132,6 +143,9 @@ int run(int argc, char** argv) {
     cfg.delay = s.delay;
     cfg.stagger = s.stagger;
     cfg.prefetch = s.prefetch;
+    cfg.load_kb_cycles = s.load_kb;
+    cfg.load_src = load_src;
+    cfg.load_rows = kLoadRows;
     ck(cudaMemset(dW, 0, bytes), "zero");
     mxt::sm90::ProbeCycles cyc;
     if (!mxt::sm90::wgrad_epilogue_probe(cfg, dW, E, M, N, &cyc, st)) {
@@ -171,6 +185,16 @@ int run(int argc, char** argv) {
   row({"spin, staggered", delay, true, true, ctas}, main_v);
   row({"spin, half the SMs", delay, false, true, sms / 2}, main_v);
   row({"no spin, half the SMs", 0, false, true, sms / 2}, main_v);
+  // With the mainloop's operand traffic beside the spin: 48 KiB per --load-kb cycles per SM (the 128 x 256 item's
+  // k-block: 1,100 cycles in the grouped GEMM at this shape, 7.64 M cycles over 6,944 k-blocks per SM), and as
+  // fast as the stream's 2-stage ring allows.
+  for (const long long kb : {load_kb, 0LL}) {
+    const std::string label = kb ? "spin + loads every " + std::to_string(kb) + " cycles" : "spin + loads unpaced";
+    for (const Variant& v : variants) {
+      if (v.write != ProbeWrite::kRedV4 && v.bufs <= 3 && v.cols * v.bufs <= 96)
+        row({label, delay, false, true, ctas, kb}, v);
+    }
+  }
 
   // The device's write rate over the same bytes.
   std::vector<double> ms;
@@ -187,6 +211,7 @@ int run(int argc, char** argv) {
   std::printf("| reference | cudaMemsetAsync of dW | %.3f | - | - | %.0f | - |\n", ms[ms.size() / 2],
               bytes / (ms[ms.size() / 2] * 1e-3) / 1e9);
   cudaFree(dW);
+  cudaFree(load_src);
   if (failures) std::fprintf(stderr, "bench_wgrad_epilogue: %d rows failed their check\n", failures);
   return failures ? 1 : 0;
 }

@@ -88,6 +88,20 @@ TEST(CudaWgradEpilogueProbe, EveryWriteMatchesItsCpuTwin) {
   cfg.stagger = true;
   cfg.prefetch = false;
   expect_probe_matches(cfg, "staggered, no prefetch");
+  // Beside the load stream (paced and unpaced): the same sums, and every launch ends.
+  void* src = nullptr;
+  ASSERT_EQ(cudaMalloc(&src, 256 * 4096 * 2), cudaSuccess);
+  cfg.stagger = false;
+  cfg.load_src = src;
+  cfg.load_rows = 256;
+  for (const int64_t kb : {500, 0}) {
+    cfg.load_kb_cycles = kb;
+    for (const int cols : {16, 32}) {
+      cfg.box_cols = cols;
+      expect_probe_matches(cfg, "with the load stream, 64x" + std::to_string(cols) + ", pace " + std::to_string(kb));
+    }
+  }
+  cudaFree(src);
 }
 
 TEST(CudaWgradEpilogueProbe, RefusesWhatItCannotRun) {
@@ -102,6 +116,9 @@ TEST(CudaWgradEpilogueProbe, RefusesWhatItCannotRun) {
   EXPECT_FALSE(sm90::wgrad_epilogue_probe(cfg, dW, E, M, N, nullptr, nullptr));
   cfg.box_cols = 16;
   EXPECT_FALSE(sm90::wgrad_epilogue_probe(cfg, dW, E, M + 64, N, nullptr, nullptr));
+  cfg.load_kb_cycles = 0;  // a load stream without a source
+  EXPECT_FALSE(sm90::wgrad_epilogue_probe(cfg, dW, E, M, N, nullptr, nullptr));
+  cfg.load_kb_cycles = -1;
   EXPECT_TRUE(sm90::wgrad_epilogue_probe(cfg, dW, E, M, N, nullptr, nullptr));
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaFree(dW);
