@@ -22,7 +22,7 @@ enum class ProbeWrite : int {
 struct ProbeConfig {
   ProbeWrite write = ProbeWrite::kTmaAdd;
   int box_cols = 16;    // TMA modes: fp32 columns per 64-row box (16: 64-byte swizzle; 32: 128-byte swizzle)
-  int bufs = 3;         // TMA modes: boxes in flight per warpgroup (2, 3, 6 or 12)
+  int bufs = 3;         // TMA modes: boxes in flight per warpgroup (1, 2, 3, 6 or 12)
   int ctas = 0;         // grid (one CTA per SM); 0: every SM
   int64_t delay = 0;    // SM cycles each tile spins before its epilogue (a stand-in for the mainloop)
   bool stagger = false; // CTA b first spins (b % 8) / 8 of a delay, so the grid's epilogues do not line up

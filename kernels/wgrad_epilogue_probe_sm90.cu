@@ -229,6 +229,7 @@ using ProbeFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, ProbeArgs);
 template <int kWrite, int kCols>
 ProbeFn pick_bufs(int bufs) {
   switch (bufs) {
+    case 1: return probe_kernel<kWrite, kCols, 1>;
     case 2: return probe_kernel<kWrite, kCols, 2>;
     case 3: return probe_kernel<kWrite, kCols, 3>;
     case 6: return probe_kernel<kWrite, kCols, 6>;
@@ -265,7 +266,7 @@ bool wgrad_epilogue_probe(const ProbeConfig& cfg, float* dW, int E, int M, int N
     case ProbeWrite::kStV2: fn = probe_kernel<3, 16, 2>; break;
     case ProbeWrite::kRedV4: fn = probe_kernel<4, 16, 2>; break;
   }
-  if (fn == nullptr) return fail("box_cols must be 16 or 32 and bufs 2, 3, 6 or 12");
+  if (fn == nullptr) return fail("box_cols must be 16 or 32 and bufs 1, 2, 3, 6 or 12");
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)

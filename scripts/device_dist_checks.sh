@@ -18,8 +18,9 @@
 #   wgncu     ncu --set full on the single-call W13 weight gradient (one CTA, pairs over m, each with and without its
 #             epilogue) beside cuBLASLt's dense GEMM: cycles, tensor pipe, L2 and DRAM traffic (scripts/ncu_table.py)
 #   epiprobe  bench_wgrad_epilogue: the wgrad's fp32 epilogue alone (no mainloop), every way of writing the tile
-#             (TMA add / store with 64x16 or 64x32 boxes, 2-12 in flight; red.global, st.global), with and without a
-#             mainloop-long spin per tile, on all and half the SMs, beside a memset of the same bytes
+#             (TMA add / store with 64x16 or 64x32 boxes, 1-12 in flight; red.global, st.global), with and without a
+#             mainloop-long spin per tile, on all and half the SMs, beside a stand-in for the mainloop's operand
+#             loads, and beside a memset of the same bytes
 #   cuda      every CUDA test (bf16 and MXFP8 kernels, GPU training) against its CPU twin
 #   parity    scripts/parity_hf.py, CUDA backend (bf16, then cuda-fp32), against HF transformers in fp32
 #   trainer   scripts/bench_trainer.py: L0_sanity (1 GPU) and the 8x7B 2-layer shape beside the HF baseline

@@ -3,7 +3,7 @@
 // epilogue does, with a spin of --delay SM cycles per tile standing in for the mainloop (about 35,000 in the
 // grouped GEMM at this shape: 7.64 M cycles over 217 tiles per SM, session 41's Nsight Compute profile), and
 // without one (every SM in its epilogue at once). Each row is one way of writing the tile: the TMA adding or
-// storing from boxes of 16 or 32 fp32 columns with 2-12 boxes in flight per warpgroup, or adding from per-warp
+// storing from boxes of 16 or 32 fp32 columns with 1-12 boxes in flight per warpgroup, or adding from per-warp
 // 16-row boxes; red.global / st.global
 // straight from the registers; the boxes filled but never sent (what the epilogue costs inside the SM).
 // Reference in the same run: cudaMemsetAsync of the same bytes (the device's write rate).
@@ -100,6 +100,8 @@ int run(int argc, char** argv) {
       {"tma add 64x16 x2", ProbeWrite::kTmaAdd, 16, 2},
       {"tma add 64x16 x6", ProbeWrite::kTmaAdd, 16, 6},
       {"tma add 64x16 x12", ProbeWrite::kTmaAdd, 16, 12},
+      {"tma add 64x16 x1", ProbeWrite::kTmaAdd, 16, 1},
+      {"tma add 64x32 x1", ProbeWrite::kTmaAdd, 32, 1},
       {"tma add 64x32 x2", ProbeWrite::kTmaAdd, 32, 2},
       {"tma add 64x32 x3", ProbeWrite::kTmaAdd, 32, 3},
       {"tma add 64x32 x6", ProbeWrite::kTmaAdd, 32, 6},
