@@ -93,6 +93,7 @@ __device__ __forceinline__ void load_stream(const CUtensorMap* ml, const ProbeAr
     mbar_wait(&full[k % kLoadStages], static_cast<uint32_t>((k / kLoadStages) & 1));
 }
 
+// kWrite: a ProbeWrite's value; warps 0-7 are the two consumer warpgroups, warp 8 the load stream.
 template <int kWrite, int kCols, int kBufs>
 __global__ void __launch_bounds__(288, 1)
     probe_kernel(const __grid_constant__ CUtensorMap mc, const __grid_constant__ CUtensorMap pf,
