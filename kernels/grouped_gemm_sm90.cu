@@ -241,19 +241,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-
-// dW += (a, b) at p, 8-byte aligned: an L2 reduction the thread does not wait for.
-__device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
-}
-
-__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
-}
-
 // Forward / dgrad: the k-blocks of a whole unit's contraction.
 __device__ __forceinline__ int32_t row_kblocks(const Params& p) { return (p.K + BK - 1) / BK; }
 
@@ -473,12 +460,6 @@ __device__ __forceinline__ void mma_kblock(float (&acc)[BN / 2], uint32_t a, uin
   }
 }
 
-// Byte offset of fp32 (row, col) in a 64 x 16 epilogue box as TMA's 64-byte swizzle lays it out: the 16-byte
-// pieces of a 64-byte row are XORed with bits 7-8 of the row's offset (row / 2 % 4).
-__device__ __forceinline__ uint32_t epi_offset(int row, int col) {
-  return static_cast<uint32_t>(row * 64 + ((((col >> 2) ^ (row >> 1)) & 3) << 4) + (col & 3) * 4);
-}
-
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 // act from the accumulators of a gate and an up element: both rounded to h13's bf16 first, then exactly
@@ -674,8 +655,8 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
 #pragma unroll
         for (int jj = 0; jj < kEpiCols / 8; ++jj) {
           const int q = 4 * (c * (kEpiCols / 8) + jj), col = 8 * jj + col_l;
-          st_shared_f32x2(box + epi_offset(r0, col), acc[q], acc[q + 1]);
-          st_shared_f32x2(box + epi_offset(r0 + 8, col), acc[q + 2], acc[q + 3]);
+          st_shared_f32x2(box + sw64_offset(r0, col), acc[q], acc[q + 1]);
+          st_shared_f32x2(box + sw64_offset(r0 + 8, col), acc[q + 2], acc[q + 3]);
           if (norm) {
 #pragma unroll
             for (int k = 0; k < 4; ++k) sq = fmaf(acc[q + k], acc[q + k], sq);
@@ -728,8 +709,8 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
                 vb = pack_bf16x2(swiglu_act(acc[q + 2], acc[q + kUp + 2], wb),
                                  swiglu_act(acc[q + 3], acc[q + kUp + 3], wb));
               }
-              st_shared_b32(box + epi_offset(r0, col), va);
-              st_shared_b32(box + epi_offset(r0 + 8, col), vb);
+              st_shared_b32(box + sw64_offset(r0, col), va);
+              st_shared_b32(box + sw64_offset(r0 + 8, col), vb);
             }
             fence_proxy_async_smem();
             named_barrier_sync(bar_id, 128);
@@ -808,8 +789,8 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
         for (int jj = 0; jj < 4; ++jj) {
           // bf16 pairs: 4-byte words at the fp32 box's word positions (64-byte rows either way).
           const int q = 4 * (4 * c + jj), col = 4 * jj + lane % 4;
-          st_shared_b32(box + epi_offset(r0, col), pack_bf16x2(acc[q], acc[q + 1]));
-          st_shared_b32(box + epi_offset(r0 + 8, col), pack_bf16x2(acc[q + 2], acc[q + 3]));
+          st_shared_b32(box + sw64_offset(r0, col), pack_bf16x2(acc[q], acc[q + 1]));
+          st_shared_b32(box + sw64_offset(r0 + 8, col), pack_bf16x2(acc[q + 2], acc[q + 3]));
         }
         fence_proxy_async_smem();
         named_barrier_sync(bar_id, 128);

@@ -191,6 +191,28 @@ __device__ __forceinline__ void tma_prefetch_l2_3d(const CUtensorMap* map, int32
                : "memory");
 }
 
+// ---- epilogue boxes: fragments into TMA-swizzled shared memory, reductions from registers ------------------
+
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+// (a, b) += at p, 8-byte aligned: an L2 reduction the thread does not wait for.
+__device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+// Byte offset of 4-byte word `col` of row `row` in a box of 64-byte rows as TMA's 64-byte swizzle lays it out: the
+// 16-byte pieces of a row are XORed with bits 7-8 of the row's offset (row / 2 % 4).
+__device__ __forceinline__ uint32_t sw64_offset(int row, int col) {
+  return static_cast<uint32_t>(row * 64 + ((((col >> 2) ^ (row >> 1)) & 3) << 4) + (col & 3) * 4);
+}
+// The same in a box of 128-byte rows under the 128-byte swizzle: the pieces are XORed with row % 8.
+__device__ __forceinline__ uint32_t sw128_offset(int row, int col) {
+  return static_cast<uint32_t>(row * 128 + ((((col >> 2) ^ row) & 7) << 4) + (col & 3) * 4);
+}
+
 // ---- TMA stores from shared memory (bulk async-groups) ---------------------------------------------------
 
 // global[box at {c0, c1, c2}] += smem box (f32 add, performed by the TMA unit; elements past the tensor's bounds

@@ -36,21 +36,11 @@ __device__ __forceinline__ void spin(long long cycles) {
   }
 }
 
-// Byte offset of fp32 (row, col) in a 64-row box of kCols columns as the TMA swizzle lays it out: the 16-byte
-// pieces of a row are XORed with the row's position in the swizzle's 8 x 128-byte pattern.
+// Byte offset of fp32 (row, col) in a box of kCols columns: 64-byte rows under the 64-byte swizzle, or 128-byte
+// rows under the 128-byte one.
 template <int kCols>
 __device__ __forceinline__ uint32_t box_offset(int row, int col) {
-  if constexpr (kCols == 16)  // 64-byte rows, 64-byte swizzle
-    return static_cast<uint32_t>(row * 64 + ((((col >> 2) ^ (row >> 1)) & 3) << 4) + (col & 3) * 4);
-  else  // 128-byte rows, 128-byte swizzle
-    return static_cast<uint32_t>(row * 128 + ((((col >> 2) ^ row) & 7) << 4) + (col & 3) * 4);
-}
-
-__device__ __forceinline__ void st_shared_v2(uint32_t addr, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
-}
-__device__ __forceinline__ void red_v2(float* p, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+  return kCols == 16 ? sw64_offset(row, col) : sw128_offset(row, col);
 }
 
 // red.global.add.v4.f32 of four adjacent columns per lane from a lane pair's m64n256 fragments (a0, a1: row ra at
@@ -153,8 +143,8 @@ __global__ void __launch_bounds__(288, 1)
 #pragma unroll
         for (int jj = 0; jj < kCols / 8; ++jj) {
           const int q = 4 * (c * (kCols / 8) + jj), col = 8 * jj + col_l;
-          st_shared_v2(box + box_offset<kCols>(r0, col), acc[q], acc[q + 1]);
-          st_shared_v2(box + box_offset<kCols>(r0 + 8, col), acc[q + 2], acc[q + 3]);
+          st_shared_f32x2(box + box_offset<kCols>(r0, col), acc[q], acc[q + 1]);
+          st_shared_f32x2(box + box_offset<kCols>(r0 + 8, col), acc[q + 2], acc[q + 3]);
         }
         fence_proxy_async_smem();
         named_barrier_sync(2 + cw, 128);
@@ -177,8 +167,8 @@ __global__ void __launch_bounds__(288, 1)
 #pragma unroll
         for (int jj = 0; jj < kCols / 8; ++jj) {
           const int q = 4 * (c * (kCols / 8) + jj), col = 8 * jj + col_l;
-          st_shared_v2(box + box_offset<kCols>(lane / 4, col), acc[q], acc[q + 1]);
-          st_shared_v2(box + box_offset<kCols>(lane / 4 + 8, col), acc[q + 2], acc[q + 3]);
+          st_shared_f32x2(box + box_offset<kCols>(lane / 4, col), acc[q], acc[q + 1]);
+          st_shared_f32x2(box + box_offset<kCols>(lane / 4 + 8, col), acc[q + 2], acc[q + 3]);
         }
         fence_proxy_async_smem();
         __syncwarp();
@@ -196,8 +186,8 @@ __global__ void __launch_bounds__(288, 1)
 #pragma unroll
       for (int j = 0; j < kAcc / 4; ++j) {
         if constexpr (kWrite == 2) {
-          red_v2(pa, acc[4 * j], acc[4 * j + 1]);
-          red_v2(pb, acc[4 * j + 2], acc[4 * j + 3]);
+          red_add_f32x2(pa, acc[4 * j], acc[4 * j + 1]);
+          red_add_f32x2(pb, acc[4 * j + 2], acc[4 * j + 3]);
         } else if constexpr (kWrite == 3) {
           *reinterpret_cast<float2*>(pa) = make_float2(acc[4 * j], acc[4 * j + 1]);
           *reinterpret_cast<float2*>(pb) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
@@ -292,24 +282,24 @@ bool wgrad_epilogue_probe(const ProbeConfig& cfg, float* dW, int E, int M, int N
   const cuuint32_t box_rows = cfg.write == ProbeWrite::kTmaAddWarp ? 16 : 64;
   const cuuint32_t box[3] = {static_cast<cuuint32_t>(cfg.box_cols), box_rows, 1}, pf_box[3] = {kTileN, kTileM, 1};
   const cuuint32_t elem[3] = {1, 1, 1};
-  const auto encode = tensor_map_encoder("wgrad_epilogue_probe");
-  CUtensorMap mc{}, pf{};
-  if (encode(&mc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, dW, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             cfg.box_cols == 16 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS ||
-      encode(&pf, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, dW, dims, strides, pf_box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+  // Every map: element strides 1, no interleave, 256-byte L2 promotion, no fill for out-of-bounds elements.
+  const auto encoder = tensor_map_encoder("wgrad_epilogue_probe");
+  auto encode = [&](CUtensorMap& m, CUtensorMapDataType type, int rank, const void* ptr, const cuuint64_t* d,
+                    const cuuint64_t* st, const cuuint32_t* b, CUtensorMapSwizzle sw) {
+    return encoder(&m, type, static_cast<cuuint32_t>(rank), const_cast<void*>(ptr), d, st, b, elem,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  };
+  CUtensorMap mc{}, pf{}, ml{};
+  if (!encode(mc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, dW, dims, strides, box,
+              cfg.box_cols == 16 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode(pf, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, dW, dims, strides, pf_box, CU_TENSOR_MAP_SWIZZLE_NONE))
     return fail("cuTensorMapEncodeTiled rejected dW");
-  CUtensorMap ml{};
-  if (loads) {
-    const cuuint64_t l_dims[2] = {4096, static_cast<cuuint64_t>(cfg.load_rows)}, l_strides[1] = {4096 * 2};
-    const cuuint32_t l_box[2] = {64, 64};
-    if (encode(&ml, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(cfg.load_src), l_dims, l_strides, l_box,
-               elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-      return fail("cuTensorMapEncodeTiled rejected load_src");
-  }
+  const cuuint64_t l_dims[2] = {4096, static_cast<cuuint64_t>(cfg.load_rows)}, l_strides[1] = {4096 * 2};
+  const cuuint32_t l_box[2] = {64, 64};
+  if (loads && !encode(ml, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, cfg.load_src, l_dims, l_strides, l_box,
+                       CU_TENSOR_MAP_SWIZZLE_128B))
+    return fail("cuTensorMapEncodeTiled rejected load_src");
 
   if (cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
       cudaSuccess)
