@@ -158,7 +158,8 @@ struct Params {
   int32_t prefetch; // wgrad: prefetch each dW tile into L2 (one tensor prefetch, SetMaps::pf) before adding to it
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing,
                     // 3 = no epilogue (timing only), 4 = wgrad pairs over m-tiles read the wrong x columns,
-                    // 5 = the norm's slots leave out lanes 28-31 (rows 7 and 15 of each warp's 16)
+                    // 5 = the norm's slots leave out lanes 28-31 (rows 7 and 15 of each warp's 16),
+                    // 7 = wgrad boxes never sent, 8 = a spin instead of the wgrad epilogue (both timing only)
   int32_t tail;     // wgrad: a row set's last k-block of an expert (WgradTail)
   int32_t odd_tail;   // fwd / dgrad, CTA pairs: an odd last m-tile over two n-tiles (MXTRAIN_GG_ODD_TAIL=pair)
   int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC); wgrad: the
@@ -539,6 +540,21 @@ __device__ __forceinline__ bool split_sum(const Params& p, Sched& sc, const Tail
   return true;
 }
 
+#ifdef MXTRAIN_GG_CLOCKS
+// Diagnostic build only: the weight gradient's consumer cycles, summed over CTAs per warpgroup: [wg][0] waiting for
+// an item's first k-block, [1] the rest of its mainloop, [2] of which waiting for later k-blocks, [3] the epilogue,
+// [4] items, [5] of the epilogue, thread 0's waits for the TMA to have read a box.
+__device__ unsigned long long g_gg_clocks[2][6];
+#define CK_TIMED(stmt)                         \
+  do {                                         \
+    const unsigned long long ck_a = clock64(); \
+    stmt;                                      \
+    ck_bwait += clock64() - ck_a;              \
+  } while (0)
+#else
+#define CK_TIMED(stmt) stmt
+#endif
+
 template <Mode kMode, int BN, int kCl>
 __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm, Sched& sc, const Params& p,
                                         uint8_t* smem_ptr, uint32_t smem, uint64_t* full, uint64_t* empty, int rank,
@@ -564,14 +580,34 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
       for (int r = 0; r < kCl; ++r) mbar_arrive_remote(map_to_cta(smem_u32(&empty[stage]), r));
     }
   };
+#ifdef MXTRAIN_GG_CLOCKS
+  unsigned long long ck_ramp = 0, ck_main = 0, ck_wait = 0, ck_epi = 0, ck_items = 0, ck_t2 = 0, ck_bwait = 0;
+#endif
   for (int item = unit0; item < ts.items; item += units_stride) {
+#ifdef MXTRAIN_GG_CLOCKS
+    unsigned long long ck_t0 = clock64(), ck_t1 = ck_t0;
+    if (ck_items > 0) ck_epi += ck_t0 - ck_t2;
+    ++ck_items;
+#endif
     const Item it = decode_split<kMode, BN, kCl>(sc, p, ts, item, e, rank);
 #pragma unroll
     for (int i = 0; i < C::kAcc; ++i) acc[i] = 0.f;
     int prev = 0;
     SetCursor cur;  // wgrad: each row set's last k-block may hold fewer than BK of the expert's rows
     for (int kb = it.kb0; kb < it.nk; ++kb) {
+#ifdef MXTRAIN_GG_CLOCKS
+      const unsigned long long ck_w0 = clock64();
       mbar_wait(&full[s], phase);
+      const unsigned long long ck_w1 = clock64();
+      if (kb == it.kb0) {
+        ck_t1 = ck_w1;
+        ck_ramp += ck_w1 - ck_t0;
+      } else {
+        ck_wait += ck_w1 - ck_w0;
+      }
+#else
+      mbar_wait(&full[s], phase);
+#endif
       int steps = BK / 16;
       if constexpr (kMode == Mode::kWgrad) {
         int valid;
@@ -598,8 +634,18 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < C::kAcc; ++i) fence_operand(acc[i]);
+#ifdef MXTRAIN_GG_CLOCKS
+    ck_t2 = clock64();
+    ck_main += ck_t2 - ck_t1;
+#endif
     if (it.nk > it.kb0) release(prev);
     if (p.fault == 3) continue;  // timing only (MXTRAIN_GG_FAULT=noepi): the epilogue's cost by difference
+    if (kMode == Mode::kWgrad && p.fault == 8) {  // timing only (epispin): an epilogue's time without its traffic
+      const long long t_end = clock64() + 7000;
+      while (clock64() < t_end) {
+      }
+      continue;
+    }
     if constexpr (kMode == Mode::kFwd || kMode == Mode::kDgrad) {
       if (item >= ts.full && !split_sum<BN, kCl>(p, sc, ts, item, acc, rank, ct)) continue;  // another part ends it
     }
@@ -649,7 +695,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
       for (int c = 0; c < BN / kEpiCols; ++c) {
         const int b = epi_box;
         epi_box = epi_box + 1 == kEpiBufs ? 0 : epi_box + 1;
-        if (wt == 0) bulk_wait_group_read<kEpiBufs - 1>();
+        if (wt == 0) CK_TIMED(bulk_wait_group_read<kEpiBufs - 1>());
         named_barrier_sync(bar_id, 128);
         const uint32_t box = boxes + b * kEpiBox;
 #pragma unroll
@@ -664,7 +710,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
         }
         fence_proxy_async_smem();
         named_barrier_sync(bar_id, 128);
-        if (wt == 0) {
+        if (wt == 0 && p.fault != 7) {  // fault 7 (epiboxes): the boxes never leave, timing only
           if (p.overwrite)
             tma_store_3d(mC, boxes + b * kEpiBox, it.n0 + kEpiCols * c, it.m0 + 64 * cw, it.e);
           else
@@ -815,6 +861,18 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
       }
     }
   }
+#ifdef MXTRAIN_GG_CLOCKS
+  if (kMode == Mode::kWgrad && ck_items > 0 && ct % 128 == 0) {
+    ck_epi += clock64() - ck_t2;
+    unsigned long long* g = g_gg_clocks[cw];
+    atomicAdd(g + 0, ck_ramp);
+    atomicAdd(g + 1, ck_main);
+    atomicAdd(g + 2, ck_wait);
+    atomicAdd(g + 3, ck_epi);
+    atomicAdd(g + 4, ck_items);
+    atomicAdd(g + 5, ck_bwait);
+  }
+#endif
 }
 
 // Zeroes rows [used, R) of out [R, cols] (bf16, cols a multiple of 8, 16-byte aligned) with 16-byte stores,
@@ -1100,9 +1158,11 @@ bool l2_hints(int dir) {
 }
 
 // MXTRAIN_GG_FAULT=mask|tail|pairm|norm|split breaks the kernels on purpose, so a GPU run can check that the tests
-// catch it.
+// catch it. noepi, epiboxes and epispin are timing only (wrong sums): the weight gradient without its epilogue, with
+// its boxes written but never sent, with a 7,000-cycle spin in its place (session 43's in-GEMM clocks).
 int fault_injection() {
-  static const int v = env_choice("MXTRAIN_GG_FAULT", {"none", "mask", "tail", "noepi", "pairm", "norm", "split"});
+  static const int v = env_choice("MXTRAIN_GG_FAULT", {"none", "mask", "tail", "noepi", "pairm", "norm", "split",
+                                                      "epiboxes", "epispin"});
   return v;
 }
 
@@ -1432,12 +1492,24 @@ bool try_grouped_dgrad(const bf16* dy, const bf16* W, const int32_t* off, int64_
 
 int64_t wgrad_norm_slots(int64_t E, int64_t out, int64_t in) { return norm_slot(E, 0, 0, out, in, tile_n(), 0); }
 
+bool grouped_clocks_take(unsigned long long out[12]) {
+#ifdef MXTRAIN_GG_CLOCKS
+  unsigned long long zero[12] = {};
+  if (cudaDeviceSynchronize() != cudaSuccess) return false;
+  if (cudaMemcpyFromSymbol(out, g_gg_clocks, sizeof(zero)) != cudaSuccess) return false;
+  return cudaMemcpyToSymbol(g_gg_clocks, zero, sizeof(zero)) == cudaSuccess;
+#else
+  (void)out;
+  return false;
+#endif
+}
+
 bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out, int64_t in, float* dW,
                        CudaContext& ctx, bool accumulate, float* sumsq, int64_t sumsq_slots) {
   const char* op = "grouped_gemm_wgrad";
   if (nsets < 1 || !wants_sm90() || !device_ok(ctx.device)) return false;
   // The norm's partials come from one storing launch's epilogue, and fill every slot (dW's every tile is stored).
-  if (sumsq && (accumulate || sumsq_slots < wgrad_norm_slots(E, out, in) || fault_injection() == 3)) return false;
+  if (sumsq && (accumulate || sumsq_slots < wgrad_norm_slots(E, out, in) || fault_injection() == 3 || fault_injection() >= 7)) return false;
   for (int i = 0; i < nsets; ++i) {
     const WgradRows& r = sets[i];
     if (!shapes_ok(E, r.R, out, in) || !aligned(r.dy, 16) || !aligned(r.x, 16)) return false;  // TMA bases

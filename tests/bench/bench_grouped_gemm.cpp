@@ -48,6 +48,22 @@
 #include "sm90_grouped_gemm.cuh"
 
 namespace {
+// A diagnostic build's (-DMXTRAIN_GG_CLOCKS) per-item consumer cycles of the weight-gradient launches since the last
+// call, warpgroup 0 and 1; empty in other builds.
+std::string clocks_note() {
+  unsigned long long c[12];
+  if (!mxt::sm90::grouped_clocks_take(c) || c[4] == 0 || c[10] == 0) return "";
+  char b[320];
+  std::snprintf(b, sizeof(b), " | cycles per item, wg0/wg1: first k-block %.0f/%.0f, mainloop %.0f/%.0f (of it k-block "
+                "waits %.0f/%.0f), epilogue %.0f/%.0f (of it box-read waits %.0f/%.0f)",
+                double(c[0]) / c[4], double(c[6]) / c[10], double(c[1]) / c[4], double(c[7]) / c[10],
+                double(c[2]) / c[4], double(c[8]) / c[10], double(c[3]) / c[4], double(c[9]) / c[10],
+                double(c[5]) / c[4], double(c[11]) / c[10]);
+  return b;
+}
+}  // namespace
+
+namespace {
 
 int g_op_mask = 7;  // --ops: bit k runs the ops of kind k (0 forward, 1 dgrad, 2 wgrad)
 std::vector<int> g_wgrad_groups;  // --wgrad-groups 2,4,8: the trainer-shape wgrad also with those raster groups
@@ -227,8 +243,9 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       const double err = rel_l2_device(ops, out1, out2, acc2.t);
       char note[96];
       std::snprintf(note, sizeof(note), "rel L2 vs loop %.2e%s", err, path == "sm90" ? "" : " (FELL BACK to wmma)");
+      clocks_note();  // only this variant's launches below
       const Timing t = time_it(st, flush, flush_bytes, 3, runs, [&] { grouped(out1); });
-      add_row(v.name, t, note);
+      add_row(v.name, t, note + clocks_note());
     }
     // The trainer's kernel (128 x 256, its default epilogue and L2 hints) in one CTA and in CTA pairs (wgrad: pairs
     // over m-tiles, the trainer's), each timed in alternation with the dense GEMM so that the two share the GPU's
@@ -241,10 +258,12 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       mxt::sm90::use_cluster_code(code);
       mxt::sm90::set_grouped_tma_store(-1);
       mxt::sm90::set_grouped_wgrad_tma(-1);
+      clocks_note();
       const auto t = time_rotating(st, flush, flush_bytes, 3, runs, {[&] { dense(out2); }, [&] { grouped(out1); }});
       const std::string c = code == 1 ? "c1" : "c2";
       add_row(("cublasLt dense, alternating with " + c).c_str(), t[0], "");
-      add_row(("sm90 128x256 " + c + ", alternating with dense").c_str(), t[1], "x dense: against the row above");
+      add_row(("sm90 128x256 " + c + ", alternating with dense").c_str(), t[1],
+              "x dense: against the row above" + clocks_note());
       rows.back().ref_tflops = rows[rows.size() - 2].tflops;
     }
     if (sustain_s > 0 && op.out == 2 * f) {  // the W13 GEMMs, each held for sustain_s seconds
