@@ -543,8 +543,9 @@ __device__ __forceinline__ bool split_sum(const Params& p, Sched& sc, const Tail
 #ifdef MXTRAIN_GG_CLOCKS
 // Diagnostic build only: the weight gradient's consumer cycles, summed over CTAs per warpgroup: [wg][0] waiting for
 // an item's first k-block, [1] the rest of its mainloop, [2] of which waiting for later k-blocks, [3] the epilogue,
-// [4] items, [5] of the epilogue, thread 0's waits for the TMA to have read a box.
-__device__ unsigned long long g_gg_clocks[2][6];
+// [4] items, [5] of the epilogue, thread 0's waits for the TMA to have read a box, [6] of [0], the part before the
+// wait (decoding the item, zeroing the accumulators).
+__device__ unsigned long long g_gg_clocks[2][7];
 #define CK_TIMED(stmt)                         \
   do {                                         \
     const unsigned long long ck_a = clock64(); \
@@ -581,7 +582,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
     }
   };
 #ifdef MXTRAIN_GG_CLOCKS
-  unsigned long long ck_ramp = 0, ck_main = 0, ck_wait = 0, ck_epi = 0, ck_items = 0, ck_t2 = 0, ck_bwait = 0;
+  unsigned long long ck_ramp = 0, ck_main = 0, ck_wait = 0, ck_epi = 0, ck_items = 0, ck_t2 = 0, ck_bwait = 0, ck_pre = 0;
 #endif
   for (int item = unit0; item < ts.items; item += units_stride) {
 #ifdef MXTRAIN_GG_CLOCKS
@@ -602,6 +603,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
       if (kb == it.kb0) {
         ck_t1 = ck_w1;
         ck_ramp += ck_w1 - ck_t0;
+        ck_pre += ck_w0 - ck_t0;
       } else {
         ck_wait += ck_w1 - ck_w0;
       }
@@ -871,6 +873,7 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
     atomicAdd(g + 3, ck_epi);
     atomicAdd(g + 4, ck_items);
     atomicAdd(g + 5, ck_bwait);
+    atomicAdd(g + 6, ck_pre);
   }
 #endif
 }
@@ -1492,9 +1495,9 @@ bool try_grouped_dgrad(const bf16* dy, const bf16* W, const int32_t* off, int64_
 
 int64_t wgrad_norm_slots(int64_t E, int64_t out, int64_t in) { return norm_slot(E, 0, 0, out, in, tile_n(), 0); }
 
-bool grouped_clocks_take(unsigned long long out[12]) {
+bool grouped_clocks_take(unsigned long long out[14]) {
 #ifdef MXTRAIN_GG_CLOCKS
-  unsigned long long zero[12] = {};
+  unsigned long long zero[14] = {};
   if (cudaDeviceSynchronize() != cudaSuccess) return false;
   if (cudaMemcpyFromSymbol(out, g_gg_clocks, sizeof(zero)) != cudaSuccess) return false;
   return cudaMemcpyToSymbol(g_gg_clocks, zero, sizeof(zero)) == cudaSuccess;

@@ -101,7 +101,7 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
 int64_t wgrad_norm_slots(int64_t E, int64_t out, int64_t in);
 // Diagnostic builds (-DMXTRAIN_GG_CLOCKS) only: the weight gradient's consumer cycles since the last take, per
 // warpgroup {first k-block wait, rest of mainloop, its k-block waits, epilogue, items, the epilogue's waits for the
-// TMA to have read a box}; false in other builds.
-bool grouped_clocks_take(unsigned long long out[12]);
+// TMA to have read a box, the first k-block's part before its wait}; false in other builds.
+bool grouped_clocks_take(unsigned long long out[14]);
 
 }  // namespace mxt::sm90

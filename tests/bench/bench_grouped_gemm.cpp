@@ -51,14 +51,14 @@ namespace {
 // A diagnostic build's (-DMXTRAIN_GG_CLOCKS) per-item consumer cycles of the weight-gradient launches since the last
 // call, warpgroup 0 and 1; empty in other builds.
 std::string clocks_note() {
-  unsigned long long c[12];
-  if (!mxt::sm90::grouped_clocks_take(c) || c[4] == 0 || c[10] == 0) return "";
-  char b[320];
-  std::snprintf(b, sizeof(b), " | cycles per item, wg0/wg1: first k-block %.0f/%.0f, mainloop %.0f/%.0f (of it k-block "
-                "waits %.0f/%.0f), epilogue %.0f/%.0f (of it box-read waits %.0f/%.0f)",
-                double(c[0]) / c[4], double(c[6]) / c[10], double(c[1]) / c[4], double(c[7]) / c[10],
-                double(c[2]) / c[4], double(c[8]) / c[10], double(c[3]) / c[4], double(c[9]) / c[10],
-                double(c[5]) / c[4], double(c[11]) / c[10]);
+  unsigned long long c[14];
+  if (!mxt::sm90::grouped_clocks_take(c) || c[4] == 0 || c[11] == 0) return "";
+  auto per = [&](int i) { return double(c[i]) / c[4]; };
+  auto per1 = [&](int i) { return double(c[7 + i]) / c[11]; };
+  char b[400];
+  std::snprintf(b, sizeof(b), " | cycles per item, wg0/wg1: first k-block %.0f/%.0f (before its wait %.0f/%.0f), "
+                "mainloop %.0f/%.0f (of it k-block waits %.0f/%.0f), epilogue %.0f/%.0f (of it box-read waits %.0f/%.0f)",
+                per(0), per1(0), per(6), per1(6), per(1), per1(1), per(2), per1(2), per(3), per1(3), per(5), per1(5));
   return b;
 }
 }  // namespace
