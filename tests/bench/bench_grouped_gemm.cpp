@@ -21,6 +21,8 @@
 // with nvidia-smi, scripts/gpu_samples.py gives each one's clock and power (an H200 is power-capped in training).
 // --wgrad-groups G,...: the trainer-shape wgrad rows also with the raster in groups of G fast units
 // (set_grouped_wgrad_group), each against the same single-call reference.
+// Built with cmake -DMXTRAIN_GG_CLOCKS=ON, each weight-gradient row also prints its consumers' cycles per item
+// (first k-block, mainloop, epilogue, and the waits in each; docs/perf.md, session 43).
 // --gemm-sms N: our persistent kernels on N SMs (CudaOps::set_sm_reserve; cuBLASLt keeps all of them), e.g. to see
 // whether a phase of them is limited per SM or by the whole GPU's L2 (docs/perf.md, session 41).
 //
