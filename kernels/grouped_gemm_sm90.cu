@@ -582,7 +582,8 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
     }
   };
 #ifdef MXTRAIN_GG_CLOCKS
-  unsigned long long ck_ramp = 0, ck_main = 0, ck_wait = 0, ck_epi = 0, ck_items = 0, ck_t2 = 0, ck_bwait = 0, ck_pre = 0;
+  unsigned long long ck_ramp = 0, ck_main = 0, ck_wait = 0, ck_epi = 0, ck_items = 0, ck_t2 = 0, ck_bwait = 0;
+  unsigned long long ck_pre = 0;
 #endif
   for (int item = unit0; item < ts.items; item += units_stride) {
 #ifdef MXTRAIN_GG_CLOCKS
@@ -1512,7 +1513,8 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
   const char* op = "grouped_gemm_wgrad";
   if (nsets < 1 || !wants_sm90() || !device_ok(ctx.device)) return false;
   // The norm's partials come from one storing launch's epilogue, and fill every slot (dW's every tile is stored).
-  if (sumsq && (accumulate || sumsq_slots < wgrad_norm_slots(E, out, in) || fault_injection() == 3 || fault_injection() >= 7)) return false;
+  const int fault = fault_injection();  // the timing-only faults leave dW wrong
+  if (sumsq && (accumulate || sumsq_slots < wgrad_norm_slots(E, out, in) || fault == 3 || fault >= 7)) return false;
   for (int i = 0; i < nsets; ++i) {
     const WgradRows& r = sets[i];
     if (!shapes_ok(E, r.R, out, in) || !aligned(r.dy, 16) || !aligned(r.x, 16)) return false;  // TMA bases

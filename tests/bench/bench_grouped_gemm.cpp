@@ -50,6 +50,7 @@
 #include "sm90_grouped_gemm.cuh"
 
 namespace {
+
 // A diagnostic build's (-DMXTRAIN_GG_CLOCKS) per-item consumer cycles of the weight-gradient launches since the last
 // call, warpgroup 0 and 1; empty in other builds.
 std::string clocks_note() {
@@ -58,14 +59,12 @@ std::string clocks_note() {
   auto per = [&](int i) { return double(c[i]) / c[4]; };
   auto per1 = [&](int i) { return double(c[7 + i]) / c[11]; };
   char b[400];
-  std::snprintf(b, sizeof(b), " | cycles per item, wg0/wg1: first k-block %.0f/%.0f (before its wait %.0f/%.0f), "
-                "mainloop %.0f/%.0f (of it k-block waits %.0f/%.0f), epilogue %.0f/%.0f (of it box-read waits %.0f/%.0f)",
+  std::snprintf(b, sizeof(b),
+                " | cycles per item, wg0/wg1: first k-block %.0f/%.0f (before its wait %.0f/%.0f), mainloop %.0f/%.0f "
+                "(of it k-block waits %.0f/%.0f), epilogue %.0f/%.0f (of it box-read waits %.0f/%.0f)",
                 per(0), per1(0), per(6), per1(6), per(1), per1(1), per(2), per1(2), per(3), per1(3), per(5), per1(5));
   return b;
 }
-}  // namespace
-
-namespace {
 
 int g_op_mask = 7;  // --ops: bit k runs the ops of kind k (0 forward, 1 dgrad, 2 wgrad)
 std::vector<int> g_wgrad_groups;  // --wgrad-groups 2,4,8: the trainer-shape wgrad also with those raster groups
