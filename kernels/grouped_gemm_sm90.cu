@@ -599,7 +599,9 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
     for (int kb = it.kb0; kb < it.nk; ++kb) {
 #ifdef MXTRAIN_GG_CLOCKS
       const unsigned long long ck_w0 = clock64();
+#endif
       mbar_wait(&full[s], phase);
+#ifdef MXTRAIN_GG_CLOCKS
       const unsigned long long ck_w1 = clock64();
       if (kb == it.kb0) {
         ck_t1 = ck_w1;
@@ -608,8 +610,6 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
       } else {
         ck_wait += ck_w1 - ck_w0;
       }
-#else
-      mbar_wait(&full[s], phase);
 #endif
       int steps = BK / 16;
       if constexpr (kMode == Mode::kWgrad) {
