@@ -50,6 +50,11 @@
 #   speed     issue 4's single-GPU figures in one call: bench_attention (8x1B, 8x7B shapes) beside PyTorch's SDPA,
 #             bench_grouped_gemm beside cuBLASLt, scripts/bench_trainer.py (8x1B, 8x7B 2 layers, L0_sanity) beside HF,
 #             with the GPU's clock and power per run (--sample-gpu)
+#   optim     the optimizer step alone (scripts/bench_optimizer_torch.py): HF's model at the 8x7B 2-layer shape with
+#             hf_baseline.py's update (bf16, fused AdamW, no clipping) beside fp32 parameters and moments with and
+#             without clip_grad_norm_ (the recipe's numerics, in PyTorch); then mxtrain's op table for the same shape
+#             (its adamw_step and sum_squares rows), in the same call
+#   rate      the tensor pipe per wgmma issue pattern (bench_wgmma_rate; its CUDA test first)
 #   epnccl    8x1B (seq 4096, mbs 1, acc 8, 6 steps): 1 GPU, then EP=2 on 2 GPUs with NCCL's defaults and with
 #             NCCL_CTA_POLICY=2 (zero-CTA where NCCL can), with the backward combine overlapped and no SMs left to
 #             NCCL (tokens/s per GPU, NCCL time). Session 18: no change; NCCL_P2P_USE_CUDA_MEMCPY=1 (copy-engine
@@ -430,6 +435,23 @@ RUNS
       add "op timing $cfg" "rc=$?"
       grep -A45 "^op times" "$OUT/ops_$cfg.log"
     done
+    ;;
+  optim)
+    CUDA_VISIBLE_DEVICES=0 timeout 400 python3 scripts/bench_optimizer_torch.py --hf-baseline "$BIN_DIR/hf_baseline.py" \
+      --preset 8x7B-2layer >"$OUT/optim_torch.log" 2>&1
+    add "torch optimizer step 8x7B 2L" "rc=$?"
+    CUDA_VISIBLE_DEVICES=0 MXTRAIN_STAGE_TIMING=ops timeout 200 "$MX" --config-name bench_8x7B_2layer backend=cuda \
+      dataset.source=random num_train_steps=3 output_dir="$OUT/optim_ops" >"$OUT/optim_ops.log" 2>&1
+    add "mxtrain op table 8x7B 2L" "rc=$?"
+    grep -h '^|' "$OUT/optim_torch.log"
+    grep -hE '^op times|adamw|sum_squares|grad_reduce' "$OUT/optim_ops.log"
+    ;;
+  rate)
+    CUDA_VISIBLE_DEVICES=0 timeout 150 "$BIN_DIR/mxtrain_tests" --gtest_filter='CudaWgmmaRateProbe.*' >"$OUT/rate_test.log" 2>&1
+    add "wgmma rate probe tests" "rc=$?"
+    CUDA_VISIBLE_DEVICES=0 timeout 200 "$BIN_DIR/bench_wgmma_rate" >"$OUT/rate.log" 2>&1
+    add "bench_wgmma_rate" "rc=$?"
+    grep -h '^|' "$OUT/rate.log"
     ;;
   speed)
     export CUDA_VISIBLE_DEVICES=0
