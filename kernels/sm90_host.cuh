@@ -46,6 +46,18 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const char* op) {
   return fn;
 }
 
+// A measuring probe's launch checks: a current device (its SM count into sms) with an sm_90a image of `kernel`,
+// and a grid of `ctas` CTAs (0: one per SM) that fits it. nullptr when the probe can run, else why not.
+inline const char* probe_launch_check(const void* kernel, std::atomic<int> (&cache)[64], int ctas, int& sms) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return "no CUDA device";
+  if (!device_runs_sm90a(dev, kernel, cache)) return "needs an sm_90a device (Hopper)";
+  if (ctas < 0 || ctas > sms) return "ctas must be 0 (every SM) or at most the SM count";
+  return nullptr;
+}
+
 inline bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; }
 
 }  // namespace mxt::sm90

@@ -156,13 +156,9 @@ bool wgmma_rate_probe(const RateConfig& cfg, const uint16_t* a, const uint16_t* 
   if (a == nullptr || b == nullptr) return fail("a and b must be device buffers of 256 x 64 bf16");
   const RateFn fn = kernel_for(cfg.pattern);
   const RatePattern& p = kPatterns[cfg.pattern];
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return fail("no CUDA device");
-  if (!device_runs_sm90a(dev, reinterpret_cast<const void*>(fn), g_sm90_cache))
-    return fail("needs an sm_90a device (Hopper)");
-  if (cfg.ctas < 0 || cfg.ctas > sms) return fail("ctas must be 0 (every SM) or at most the SM count");
+  int sms = 0;
+  if (const char* why = probe_launch_check(reinterpret_cast<const void*>(fn), g_sm90_cache, cfg.ctas, sms))
+    return fail(why);
   if (cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) !=
       cudaSuccess)
     return fail("cannot reserve shared memory");

@@ -258,13 +258,9 @@ bool wgrad_epilogue_probe(const ProbeConfig& cfg, float* dW, int E, int M, int N
     case ProbeWrite::kRedV4: fn = probe_kernel<4, 16, 2>; break;
   }
   if (fn == nullptr) return fail("box_cols must be 16 or 32 and bufs 1, 2, 3, 6 or 12");
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return fail("no CUDA device");
-  if (!device_runs_sm90a(dev, reinterpret_cast<const void*>(fn), g_sm90_cache))
-    return fail("needs an sm_90a device (Hopper)");
-  if (cfg.ctas < 0 || cfg.ctas > sms) return fail("ctas must be 0 (every SM) or at most the SM count");
+  int sms = 0;
+  if (const char* why = probe_launch_check(reinterpret_cast<const void*>(fn), g_sm90_cache, cfg.ctas, sms))
+    return fail(why);
 
   // Shared memory: the boxes, then (with the load stream) its ring, mbarriers and stop flag.
   const int box_bytes = cfg.write == ProbeWrite::kTmaAddWarp ? 8 * cfg.bufs * 16 * cfg.box_cols * 4
