@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace mxt::sm90 {
 
@@ -34,6 +35,24 @@ struct RateResult {
   double flop_per_cycle = 0;     // per SM: the CTA's FLOPs per k-block over cycles_per_kblock
   double ms = 0;                 // wall time of the launch (events)
 };
+
+// The CPU twin: what CTA 0 writes to out for pattern p after kblocks k-blocks, from the operands' values a and b
+// ([256][64] each, row-major; small integers keep every sum exact in fp32).
+inline std::vector<float> rate_probe_twin(const RatePattern& p, const std::vector<int>& a, const std::vector<int>& b,
+                                          int kblocks) {
+  std::vector<float> want(static_cast<size_t>(p.warpgroups) * p.chains * 64 * p.n);
+  for (int w = 0; w < p.warpgroups; ++w)
+    for (int c = 0; c < p.chains; ++c) {
+      const int blk = (w * p.chains + c) & 3;
+      for (int r = 0; r < 64; ++r)
+        for (int n = 0; n < p.n; ++n) {
+          long dot = 0;
+          for (int k = 0; k < 64; ++k) dot += static_cast<long>(a[(blk * 64 + r) * 64 + k]) * b[n * 64 + k];
+          want[((static_cast<size_t>(w) * p.chains + c) * 64 + r) * p.n + n] = static_cast<float>(dot * kblocks);
+        }
+    }
+  return want;
+}
 
 // Operands: a [256 rows][64 k] and b [256 rows][64 k] bf16 (row-major, as uint16_t bits), the same k-block every
 // time. Warpgroup w's chain c multiplies a's 64-row block (w * chains + c) % 4 with b's first n rows, so its sums
