@@ -34,6 +34,7 @@ struct RateResult {
   double cycles_per_kblock = 0;  // mean over the issuing warpgroups of their SM cycles per k-block
   double flop_per_cycle = 0;     // per SM: the CTA's FLOPs per k-block over cycles_per_kblock
   double ms = 0;                 // wall time of the launch (events)
+  double tflops = 0;             // every CTA's FLOPs over ms
 };
 
 // The CPU twin: what CTA 0 writes to out for pattern p after kblocks k-blocks, from the operands' values a and b

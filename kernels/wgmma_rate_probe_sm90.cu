@@ -16,21 +16,6 @@ constexpr int kRows = 256, kK = 64;        // each operand: four 64-row blocks o
 constexpr int kBlock = 64 * kK * 2;        // bytes of one 64 x 64 bf16 block (8 KiB)
 constexpr int kSmem = 2 * kRows * kK * 2 + 1024;
 
-const RatePattern kPatterns[] = {
-    {"2 wg x 1 chain m64n256 (the grouped GEMM's)", 2, 1, 256, 0, 1},
-    {"1 wg x 1 chain m64n256", 1, 1, 256, 0, 1},
-    {"1 wg x 1 chain m64n256, wait 0", 1, 1, 256, 0, 0},
-    {"2 wg x 1 chain m64n128", 2, 1, 128, 0, 1},
-    {"1 wg x 2 chains m64n128", 1, 2, 128, 0, 1},
-    {"2 wg x 2 chains m64n128", 2, 2, 128, 0, 1},
-    {"1 wg x 1 chain m64n128", 1, 1, 128, 0, 1},
-    {"1 wg x 4 chains m64n64", 1, 4, 64, 0, 1},
-    {"2 wg x 1 chain m64n256, M/N-major (wgrad's)", 2, 1, 256, 1, 1},
-    {"1 wg x 1 chain m64n256, M/N-major", 1, 1, 256, 1, 1},
-    {"1 wg x 2 chains m64n128, M/N-major", 1, 2, 128, 1, 1},
-};
-constexpr int kPatternCount = sizeof(kPatterns) / sizeof(kPatterns[0]);
-
 // Byte offset of element (row, k) of a 256 x 64 operand in its shared layout. K-major: 128-byte rows along k,
 // 16-byte pieces XORed with row % 8. M/N-major: 64-row blocks of 8 KiB, each 64 k-rows of 64 elements along M/N,
 // the pieces XORed with k % 8 (TMA's swizzle of a [k][64] box).
@@ -120,22 +105,31 @@ __global__ void __launch_bounds__(256, 1)
 
 using RateFn = void (*)(const uint16_t*, const uint16_t*, float*, int, unsigned long long*);
 
-RateFn kernel_for(int i) {
-  switch (i) {
-    case 0: return rate_kernel<2, 1, 256, 0, 1>;
-    case 1: return rate_kernel<1, 1, 256, 0, 1>;
-    case 2: return rate_kernel<1, 1, 256, 0, 0>;
-    case 3: return rate_kernel<2, 1, 128, 0, 1>;
-    case 4: return rate_kernel<1, 2, 128, 0, 1>;
-    case 5: return rate_kernel<2, 2, 128, 0, 1>;
-    case 6: return rate_kernel<1, 1, 128, 0, 1>;
-    case 7: return rate_kernel<1, 4, 64, 0, 1>;
-    case 8: return rate_kernel<2, 1, 256, 1, 1>;
-    case 9: return rate_kernel<1, 1, 256, 1, 1>;
-    case 10: return rate_kernel<1, 2, 128, 1, 1>;
-    default: return nullptr;
-  }
+// A pattern and its kernel, both from one list of template arguments.
+struct Entry {
+  RatePattern p;
+  RateFn fn;
+};
+
+template <int kWG, int kChains, int kN, int kT, int kPend>
+Entry entry(const char* name) {
+  return {{name, kWG, kChains, kN, kT, kPend}, rate_kernel<kWG, kChains, kN, kT, kPend>};
 }
+
+const Entry kEntries[] = {
+    entry<2, 1, 256, 0, 1>("2 wg x 1 chain m64n256 (the grouped GEMM's)"),
+    entry<1, 1, 256, 0, 1>("1 wg x 1 chain m64n256"),
+    entry<1, 1, 256, 0, 0>("1 wg x 1 chain m64n256, wait 0"),
+    entry<2, 1, 128, 0, 1>("2 wg x 1 chain m64n128"),
+    entry<1, 2, 128, 0, 1>("1 wg x 2 chains m64n128"),
+    entry<2, 2, 128, 0, 1>("2 wg x 2 chains m64n128"),
+    entry<1, 1, 128, 0, 1>("1 wg x 1 chain m64n128"),
+    entry<1, 4, 64, 0, 1>("1 wg x 4 chains m64n64"),
+    entry<2, 1, 256, 1, 1>("2 wg x 1 chain m64n256, M/N-major (wgrad's)"),
+    entry<1, 1, 256, 1, 1>("1 wg x 1 chain m64n256, M/N-major"),
+    entry<1, 2, 128, 1, 1>("1 wg x 2 chains m64n128, M/N-major"),
+};
+constexpr int kPatternCount = sizeof(kEntries) / sizeof(kEntries[0]);
 
 std::atomic<int> g_sm90_cache[64];
 
@@ -147,15 +141,15 @@ bool fail(const char* why) {
 }  // namespace
 
 int rate_pattern_count() { return kPatternCount; }
-const RatePattern& rate_pattern(int i) { return kPatterns[i < 0 || i >= kPatternCount ? 0 : i]; }
+const RatePattern& rate_pattern(int i) { return kEntries[i < 0 || i >= kPatternCount ? 0 : i].p; }
 
 bool wgmma_rate_probe(const RateConfig& cfg, const uint16_t* a, const uint16_t* b, float* out, RateResult* res,
                       cudaStream_t stream) {
   if (cfg.pattern < 0 || cfg.pattern >= kPatternCount) return fail("no such pattern");
   if (cfg.kblocks < 1) return fail("kblocks must be at least 1");
   if (a == nullptr || b == nullptr) return fail("a and b must be device buffers of 256 x 64 bf16");
-  const RateFn fn = kernel_for(cfg.pattern);
-  const RatePattern& p = kPatterns[cfg.pattern];
+  const RateFn fn = kEntries[cfg.pattern].fn;
+  const RatePattern& p = kEntries[cfg.pattern].p;
   int sms = 0;
   if (const char* why = probe_launch_check(reinterpret_cast<const void*>(fn), g_sm90_cache, cfg.ctas, sms))
     return fail(why);
@@ -187,6 +181,7 @@ bool wgmma_rate_probe(const RateConfig& cfg, const uint16_t* a, const uint16_t* 
     const double flop_kblock = 2.0 * 64 * p.n * kK * p.chains * p.warpgroups;
     res->flop_per_cycle = flop_kblock / res->cycles_per_kblock;
     res->ms = ms;
+    res->tflops = flop_kblock * cfg.kblocks * grid / (ms * 1e-3) / 1e12;
   }
   return true;
 }

@@ -108,11 +108,9 @@ int main(int argc, char** argv) {
       cfg.kblocks = kblocks;
       mxt::sm90::RateResult res;
       if (!mxt::sm90::wgmma_rate_probe(cfg, da, db, nullptr, &res, nullptr)) return 1;
-      const auto& p = mxt::sm90::rate_pattern(pi);
-      const double flop = 2.0 * 64 * p.n * kK * p.chains * p.warpgroups * static_cast<double>(kblocks) * sms;
       cyc[pi].push_back(res.cycles_per_kblock);
       fpc[pi].push_back(res.flop_per_cycle);
-      tfs[pi].push_back(flop / (res.ms * 1e-3) / 1e12);
+      tfs[pi].push_back(res.tflops);
     }
   const double ref = median(fpc[0]);
   std::printf("| pattern | cycles per k-block (per warpgroup) | FLOP / cycle / SM | of peak (4,096) | of the first row | "

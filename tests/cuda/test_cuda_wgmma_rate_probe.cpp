@@ -19,21 +19,14 @@ namespace {
 
 constexpr int kRows = 256, kK = 64, kBlocks = 3;
 
-uint16_t bf16_of_int(int v) {
-  const float f = static_cast<float>(v);
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return static_cast<uint16_t>(b >> 16);  // small integers are exact in bf16
-}
-
 TEST(CudaWgmmaRateProbe, EveryPatternMatchesItsCpuTwin) {
   MXT_REQUIRE_SM90();
   std::mt19937 rng(4321);
   std::uniform_int_distribution<int> u(-3, 3);
   std::vector<int> a(kRows * kK), b(kRows * kK);
   std::vector<uint16_t> ha(a.size()), hb(b.size());
-  for (size_t i = 0; i < a.size(); ++i) a[i] = u(rng), ha[i] = bf16_of_int(a[i]);
-  for (size_t i = 0; i < b.size(); ++i) b[i] = u(rng), hb[i] = bf16_of_int(b[i]);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = u(rng), ha[i] = f32_to_bf16_bits(static_cast<float>(a[i]));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = u(rng), hb[i] = f32_to_bf16_bits(static_cast<float>(b[i]));  // small integers: exact
   uint16_t *da = nullptr, *db = nullptr;
   float* dout = nullptr;
   ASSERT_EQ(cudaMalloc(&da, ha.size() * 2), cudaSuccess);
