@@ -1,7 +1,7 @@
-// AdamW with torch.optim.AdamW semantics on F32 param / grad / m / v, the same per-element fp32 expression
-// (same operation order, no FMA contraction) and the same double-precision scalars as the CPU twin
-// (src/cpu/adamw.cpp), so both give the same bits up to the libm/CUDA sqrt and division, which are both
-// correctly rounded.
+// AdamW with torch.optim.AdamW semantics on F32 param / grad, and F32 or BF16 moments (adamw_moments_dtype), the
+// same per-element fp32 expression (same operation order, no FMA contraction) and the same double-precision scalars
+// as the CPU twin (src/cpu/adamw.cpp), so both give the same bits up to the libm/CUDA sqrt and division, which are
+// both correctly rounded. BF16 moments are updated in fp32, used unrounded, and stored rounded to nearest even.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -27,6 +27,27 @@ __device__ __forceinline__ void adamw_one(float& p, float g, float& m, float& v,
   v = __fadd_rn(__fmul_rn(s.b2, v), __fmul_rn(__fmul_rn(s.one_minus_b2, gi), gi));
   const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bc2_sqrt), s.eps);
   p = __fsub_rn(__fmul_rn(p, s.decay), __fdiv_rn(__fmul_rn(s.step_size, m), denom));
+}
+
+// A moment element, or a group of four (16 bytes of f32, 8 of bf16), in fp32.
+__device__ __forceinline__ float ld_moment(const float* m, int64_t i) { return m[i]; }
+__device__ __forceinline__ float ld_moment(const cuda::bf16* m, int64_t i) { return __bfloat162float(m[i]); }
+__device__ __forceinline__ void st_moment(float* m, int64_t i, float x) { m[i] = x; }
+__device__ __forceinline__ void st_moment(cuda::bf16* m, int64_t i, float x) { m[i] = __float2bfloat16_rn(x); }
+__device__ __forceinline__ float4 ld_moment4(const float* m, int64_t i4) { return reinterpret_cast<const float4*>(m)[i4]; }
+__device__ __forceinline__ float4 ld_moment4(const cuda::bf16* m, int64_t i4) {
+  const uint2 u = reinterpret_cast<const uint2*>(m)[i4];
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ __forceinline__ void st_moment4(float* m, int64_t i4, float4 x) { reinterpret_cast<float4*>(m)[i4] = x; }
+__device__ __forceinline__ void st_moment4(cuda::bf16* m, int64_t i4, float4 x) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+  uint2 u;
+  u.x = *reinterpret_cast<const uint32_t*>(&lo);
+  u.y = *reinterpret_cast<const uint32_t*>(&hi);
+  reinterpret_cast<uint2*>(m)[i4] = u;
 }
 
 // Writes the updated param to the working copy w (when there is one) for the elements below wn.
@@ -56,53 +77,51 @@ __device__ __forceinline__ void put_working4(TW* w, int64_t wn, int64_t i4, floa
   }
 }
 
-// All four pointers 16-byte aligned: float4 over n/4 groups; the caller handles the n%4 tail with the
-// scalar kernel.
-template <typename TW>
-__global__ void adamw_vec4_kernel(float4* __restrict__ p, const float4* __restrict__ g, float4* __restrict__ m,
-                                  float4* __restrict__ v, int64_t n4, const AdamScalars s, TW* __restrict__ w,
+// param and grad 16-byte aligned, m and v aligned to a group of four: four elements per thread and pass; the
+// caller handles the n%4 tail with the scalar kernel.
+template <typename TM, typename TW>
+__global__ void adamw_vec4_kernel(float4* __restrict__ p, const float4* __restrict__ g, TM* __restrict__ m,
+                                  TM* __restrict__ v, int64_t n4, const AdamScalars s, TW* __restrict__ w,
                                   int64_t wn, bool w4) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += stride) {
-    float4 pp = p[i], mm = m[i], vv = v[i];
+    float4 pp = p[i], mm = ld_moment4(m, i), vv = ld_moment4(v, i);
     const float4 gg = g[i];
     adamw_one(pp.x, gg.x, mm.x, vv.x, s);
     adamw_one(pp.y, gg.y, mm.y, vv.y, s);
     adamw_one(pp.z, gg.z, mm.z, vv.z, s);
     adamw_one(pp.w, gg.w, mm.w, vv.w, s);
     p[i] = pp;
-    m[i] = mm;
-    v[i] = vv;
+    st_moment4(m, i, mm);
+    st_moment4(v, i, vv);
     if (w != nullptr) put_working4(w, wn, i, pp, w4);
   }
 }
 
-template <typename TW>
-__global__ void adamw_scalar_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                                    float* __restrict__ v, int64_t n, const AdamScalars s, TW* __restrict__ w,
+template <typename TM, typename TW>
+__global__ void adamw_scalar_kernel(float* __restrict__ p, const float* __restrict__ g, TM* __restrict__ m,
+                                    TM* __restrict__ v, int64_t n, const AdamScalars s, TW* __restrict__ w,
                                     int64_t wn) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float pi = p[i], mi = m[i], vi = v[i];
+    float pi = p[i], mi = ld_moment(m, i), vi = ld_moment(v, i);
     adamw_one(pi, g[i], mi, vi, s);
     p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
+    st_moment(m, i, mi);
+    st_moment(v, i, vi);
     put_working(w, wn, i, pi);
   }
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-template <typename TW>
-void adamw_launch(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s,
-                  TW* w, int64_t wn, cudaStream_t stream) {
+template <typename TM, typename TW>
+void adamw_launch(const Tensor& param, const Tensor& grad, TM* mp, TM* vp, const Tensor& m, const Tensor& v,
+                  const AdamWStep& s, TW* w, int64_t wn, cudaStream_t stream) {
   const char* op = "adamw_step";
   const int64_t n = param.numel();
   float* pp = cuda::f32(param, op, "param");
   const float* gp = cuda::f32(grad, op, "grad");
-  float* mp = cuda::f32(m, op, "m");
-  float* vp = cuda::f32(v, op, "v");
   cuda::expect_numel(grad, n, op, "grad");
   cuda::expect_numel(m, n, op, "m");
   cuda::expect_numel(v, n, op, "v");
@@ -123,11 +142,11 @@ void adamw_launch(const Tensor& param, const Tensor& grad, const Tensor& m, cons
   sc.eps = s.eps;
 
   int64_t done = 0;
-  if (aligned16(pp) && aligned16(gp) && aligned16(mp) && aligned16(vp) && n >= 4) {
+  if (aligned(pp, 16) && aligned(gp, 16) && aligned(mp, 4 * sizeof(TM)) && aligned(vp, 4 * sizeof(TM)) && n >= 4) {
     const int64_t n4 = n / 4;
     adamw_vec4_kernel<<<cuda::blocks_for(n4, kThreads), kThreads, 0, stream>>>(
-        reinterpret_cast<float4*>(pp), reinterpret_cast<const float4*>(gp), reinterpret_cast<float4*>(mp),
-        reinterpret_cast<float4*>(vp), n4, sc, w, wn, reinterpret_cast<uintptr_t>(w) % (4 * sizeof(TW)) == 0);
+        reinterpret_cast<float4*>(pp), reinterpret_cast<const float4*>(gp), mp, vp, n4, sc, w, wn,
+        aligned(w, 4 * sizeof(TW)));
     cuda::check_launch(op);
     done = n4 * 4;
   }
@@ -139,11 +158,24 @@ void adamw_launch(const Tensor& param, const Tensor& grad, const Tensor& m, cons
   }
 }
 
+// Picks the moments' dtype (both alike, F32 or BF16).
+template <typename TW>
+void adamw_moments(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s,
+                   TW* w, int64_t wn, cudaStream_t stream) {
+  const char* op = "adamw_step";
+  if (m.dtype != v.dtype)
+    cuda::fail(op, std::string("m and v differ in dtype: ") + dtype_name(m.dtype) + ", " + dtype_name(v.dtype));
+  if (m.dtype == DType::BF16)
+    adamw_launch(param, grad, cuda::bf16p(m, op, "m"), cuda::bf16p(v, op, "v"), m, v, s, w, wn, stream);
+  else
+    adamw_launch(param, grad, cuda::f32(m, op, "m"), cuda::f32(v, op, "v"), m, v, s, w, wn, stream);
+}
+
 }  // namespace
 
 void CudaOps::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                          const AdamWStep& s) {
-  adamw_launch<float>(param, grad, m, v, s, nullptr, 0, ctx_->stream);
+  adamw_moments<float>(param, grad, m, v, s, nullptr, 0, ctx_->stream);
 }
 
 void CudaOps::adamw_step_to(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
@@ -154,9 +186,9 @@ void CudaOps::adamw_step_to(const Tensor& param, const Tensor& grad, const Tenso
     cuda::fail(op, "working " + working.shape_str() + " is longer than param " + param.shape_str());
   if (wn > 0 && working.data == param.data) cuda::fail(op, "working aliases param");
   if (working.dtype == DType::BF16)
-    adamw_launch(param, grad, m, v, s, wn ? cuda::bf16p(working, op, "working") : nullptr, wn, ctx_->stream);
+    adamw_moments(param, grad, m, v, s, wn ? cuda::bf16p(working, op, "working") : nullptr, wn, ctx_->stream);
   else
-    adamw_launch(param, grad, m, v, s, wn ? cuda::f32(working, op, "working") : nullptr, wn, ctx_->stream);
+    adamw_moments(param, grad, m, v, s, wn ? cuda::f32(working, op, "working") : nullptr, wn, ctx_->stream);
 }
 
 }  // namespace mxt

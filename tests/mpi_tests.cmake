@@ -45,9 +45,11 @@ mxt_mpi_check(mpi_ep2_rebalance_fp8 2 --dp 1 --ep 2 --acc 2 --fp8 --rebalance 1)
 mxt_mpi_check(mpi_ep2_rebalance_wgrad_group 2 --dp 1 --ep 2 --acc 5 --wgrad-group 3 --rebalance 1)
 # ... with DP=2: the AdamW moments are sharded over the replicas, so experts keep their slot index when they move.
 mxt_mpi_check(mpi_dp2_ep2_rebalance 4 --dp 2 --ep 2 --acc 1 --rebalance 1 --experts 8)
+# ... with bf16 AdamW moments (adamw_moments_dtype), sharded and moved in their dtype.
+mxt_mpi_check(mpi_dp2_ep2_rebalance_bf16_moments 4 --dp 2 --ep 2 --acc 1 --rebalance 1 --experts 8 --moments bfloat16)
 # ... with the trainer's own check that every moved slot holds its source's state (MXTRAIN_CHECK_REBALANCE)
 set_tests_properties(mpi_ep2_rebalance mpi_ep4_rebalance mpi_ep2_rebalance_fp8 mpi_ep2_rebalance_wgrad_group
-                     mpi_dp2_ep2_rebalance PROPERTIES
+                     mpi_dp2_ep2_rebalance mpi_dp2_ep2_rebalance_bf16_moments PROPERTIES
                      ENVIRONMENT "${MXT_MPI_ENV};MXTRAIN_CHECK_REBALANCE=1")
 # MXFP8 (HYBRID) experts and attention projections with expert and data parallelism.
 mxt_mpi_check(mpi_dp2_ep2_fp8 4 --dp 2 --ep 2 --acc 1 --fp8)

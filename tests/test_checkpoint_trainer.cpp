@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "ckpt/ckpt_internal.hpp"
+#include "mxtrain/bf16.hpp"
 #include "tiny_config.hpp"
 #include "mxtrain/checkpoint.hpp"
 #include "mxtrain/data.hpp"
@@ -55,7 +56,14 @@ std::vector<float> weights(Trainer& t) {
   t.master_weights(d, e);
   d.insert(d.end(), e.begin(), e.end());
   for (FlatParams* f : {&t.dense(), &t.expert()})
-    for (const Tensor* m : {&f->adam_m, &f->adam_v}) d.insert(d.end(), m->f32(), m->f32() + m->numel());
+    for (const Tensor* m : {&f->adam_m, &f->adam_v}) {
+      if (m->dtype == DType::F32) {
+        d.insert(d.end(), m->f32(), m->f32() + m->numel());
+        continue;
+      }
+      const auto* b = static_cast<const uint16_t*>(m->data);  // adamw_moments_dtype=bfloat16
+      for (int64_t i = 0; i < m->numel(); ++i) d.push_back(bf16_bits_to_f32(b[i]));
+    }
   return d;
 }
 
@@ -79,8 +87,9 @@ struct LogCapture {
   std::string text() { return out.str(); }
 };
 
-void expect_resume_exact(const std::string& name, int64_t n) {
+void expect_resume_exact(const std::string& name, int64_t n, const std::string& moments = "float32") {
   TrainConfig c = tiny(name + "_straight");
+  c.adamw_moments_dtype = moments;
   c.num_train_steps = n;
   c.checkpoint.ckpt_dir.clear();
   std::vector<float> w_straight, w_resumed;
@@ -88,6 +97,7 @@ void expect_resume_exact(const std::string& name, int64_t n) {
   ASSERT_EQ(straight.size(), static_cast<size_t>(n));
 
   c = tiny(name);
+  c.adamw_moments_dtype = moments;
   TrainConfig half = c;
   half.num_train_steps = n / 2;
   half.checkpoint.save_every_n_steps = n / 2;
@@ -104,6 +114,38 @@ void expect_resume_exact(const std::string& name, int64_t n) {
 }
 
 TEST(CheckpointTrainer, ResumeIsBitExact) { expect_resume_exact("exact", 12); }
+
+// adamw_moments_dtype=bfloat16: the checkpoint stores the moments in fp32, which holds their bf16 values exactly, so
+// the resume is bit-exact too.
+TEST(CheckpointTrainer, Bf16MomentsResumeBitExact) { expect_resume_exact("bf16_moments", 8, "bfloat16"); }
+
+// Either moments dtype resumes the other's checkpoint (fp32 moments rounded to bf16, or bf16 widened), and training
+// then follows the uninterrupted run of the checkpoint's setting closely; the moments are held in the dtype asked.
+TEST(CheckpointTrainer, MomentsDtypeMayChangeAtAResume) {
+  for (const auto& [saved, resumed] : {std::pair<std::string, std::string>{"float32", "bfloat16"}, {"bfloat16", "float32"}}) {
+    TrainConfig c = tiny("moments_" + saved);
+    c.adamw_moments_dtype = saved;
+    c.num_train_steps = 8;
+    c.checkpoint.ckpt_dir.clear();
+    const std::vector<double> straight = run(c);
+    c = tiny("moments_" + saved);
+    c.adamw_moments_dtype = saved;
+    c.num_train_steps = 4;
+    c.checkpoint.save_every_n_steps = 4;
+    run(c);
+    c.adamw_moments_dtype = resumed;
+    c.num_train_steps = 8;
+    c.checkpoint.save_every_n_steps = 0;
+    auto ops = make_cpu_ops();
+    Trainer t(c, *ops, short_corpus());
+    EXPECT_EQ(t.dense().adam_m.dtype, resumed == "bfloat16" ? DType::BF16 : DType::F32);
+    EXPECT_EQ(t.expert().adam_v.dtype, resumed == "bfloat16" ? DType::BF16 : DType::F32);
+    const std::vector<double> second = t.run();
+    ASSERT_EQ(second.size(), 4u) << saved << " -> " << resumed;
+    for (size_t i = 0; i < second.size(); ++i)
+      EXPECT_NEAR(second[i], straight[4 + i], 2e-3 * straight[4 + i]) << saved << " -> " << resumed << " step " << i + 5;
+  }
+}
 
 TEST(CheckpointTrainer, AsyncSaveResumesBitExactToo) {
   TrainConfig c = tiny("async");

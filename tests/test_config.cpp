@@ -370,6 +370,7 @@ TEST(ConfigChecks, BadValuesNameKeyAndValue) {
       {{"max_grad_norm=0"}, "max_grad_norm must be positive, got 0"},
       {{"seed=-1"}, "seed must be >= 0, got -1"},
       {{"backend=tpu"}, "backend must be one of auto, cpu, cuda, cuda-fp32; got 'tpu'"},
+      {{"adamw_moments_dtype=float16"}, "adamw_moments_dtype must be one of float32, bfloat16; got 'float16'"},
       {{"backend=cuda-fp32", "fp8_config.enabled=true"},
        "fp8_config.enabled=true needs backend=cuda (or cpu): backend=cuda-fp32 has no MXFP8 path"},
       {{"output_dir=''"}, "output_dir must not be empty"},

@@ -11,6 +11,7 @@
 
 #include "cpu/cpu_ops.hpp"
 #include "host_test_util.hpp"
+#include "mxtrain/bf16.hpp"
 
 using mxt::DType;
 using mxt::Tensor;
@@ -499,6 +500,37 @@ TEST_F(CpuOpsTest, AdamwStepToCopiesTheUpdatedPrefix) {
   EXPECT_EQ(m4, m3);
   EXPECT_EQ(v4, v3);
   EXPECT_NE(p4, p0);
+}
+
+// BF16 moments (adamw_moments_dtype=bfloat16): the parameter moves exactly as with F32 moments holding the same
+// values (the moments are used unrounded), and each moment is stored as the F32 step's, rounded to nearest even.
+TEST_F(CpuOpsTest, AdamwBf16MomentsAreTheF32StepRounded) {
+  const int64_t n = 301;
+  FVec p = uniform(n, rng), g = uniform(n, rng, -2.f, 2.f), m = uniform(n, rng, -0.1f, 0.1f);
+  FVec v = uniform(n, rng, 1e-6f, 0.1f);
+  for (auto* x : {&m, &v})
+    for (float& e : *x) e = mxt::bf16_bits_to_f32(mxt::f32_to_bf16_bits(e));  // bf16 values
+  std::vector<uint16_t> mb(n), vb(n);
+  for (int64_t i = 0; i < n; ++i) mb[i] = mxt::f32_to_bf16_bits(m[i]), vb[i] = mxt::f32_to_bf16_bits(v[i]);
+  FVec pb = p;
+  mxt::AdamWStep s;
+  s.lr = 3e-3f;
+  s.weight_decay = 0.1f;
+  s.step = 5;
+  s.grad_scale = 0.7f;
+  ops->adamw_step(F(p, {n}), F(g, {n}), F(m, {n}), F(v, {n}), s);
+  const mxt::Tensor tm(mb.data(), mxt::DType::BF16, {n}), tv(vb.data(), mxt::DType::BF16, {n});
+  ops->adamw_step(F(pb, {n}), F(g, {n}), tm, tv, s);
+  EXPECT_EQ(pb, p);
+  int64_t rounded_away = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(mb[i], mxt::f32_to_bf16_bits(m[i])) << i;
+    EXPECT_EQ(vb[i], mxt::f32_to_bf16_bits(v[i])) << i;
+    rounded_away += mxt::bf16_bits_to_f32(mb[i]) != m[i];
+  }
+  EXPECT_GT(rounded_away, n / 2);  // the F32 moments left bf16's grid: the rounding was exercised
+  // Mixed moment dtypes are refused, naming both.
+  EXPECT_THROW(ops->adamw_step(F(pb, {n}), F(g, {n}), tm, F(v, {n}), s), std::exception);
 }
 
 TEST_F(CpuOpsTest, AdamwGradScaleAndVectorMatchFormula) {

@@ -123,6 +123,7 @@ struct TrainConfig {
   ModelConfig model;
   DatasetConfig dataset;
   AdamWConfig adamw;
+  std::string adamw_moments_dtype = "float32";  // float32 (the recipe's) | bfloat16: AdamW's two moments as stored
   LRSchedulerConfig lr_scheduler;
   ParallelismConfig parallelism;
   Fp8Config fp8;

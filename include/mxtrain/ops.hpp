@@ -288,4 +288,9 @@ class Ops {
 
 std::unique_ptr<Ops> make_cpu_ops();
 
+// Elements [from, from + n) of an F32 or BF16 buffer to or from host F32 (BF16 widened exactly, or narrowed to
+// nearest even): checkpoints and expert moves handle the AdamW moments in F32 whatever adamw_moments_dtype holds.
+void download_f32(Ops& ops, const Tensor& t, int64_t from, int64_t n, float* dst);
+void upload_f32(Ops& ops, const Tensor& t, int64_t from, int64_t n, const float* src);
+
 }  // namespace mxt

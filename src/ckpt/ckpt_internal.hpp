@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mxtrain/checkpoint.hpp"
+#include "mxtrain/tensor.hpp"
 
 namespace mxt::ckpt {
 
@@ -37,11 +38,16 @@ std::string hex64(uint64_t h);  // 16 lower-case hex digits (JSON numbers cannot
 // tile every key exactly once. Loading copies the overlaps of stored ranges with the ranges a rank needs,
 // so any layout (EP, DP, ZeRO-1 sharding of the moments) reads any other's checkpoint.
 
-// A run of F32 elements in a buffer (device memory for the trainer's buffers).
+// A run of elements in a buffer (device memory for the trainer's buffers): F32, or BF16 for AdamW moments kept in
+// bf16 (adamw_moments_dtype). The checkpoint stores every key in F32 whatever the buffer holds.
 struct Piece {
   char* base = nullptr;
   int64_t offset = 0, count = 0;  // elements
+  DType dtype = DType::F32;
 };
+// Elements [from, from + n) of a piece to or from host F32: BF16 widened (exact) or narrowed to nearest even.
+void download_f32(Ops& ops, const Piece& pc, int64_t from, int64_t n, float* dst);
+void upload_f32(Ops& ops, const Piece& pc, int64_t from, int64_t n, const float* src);
 // Elements [begin, end) of a key and where they live in this rank's memory, in order.
 struct Segment {
   std::string key;
@@ -59,7 +65,7 @@ int64_t expert_block_numel(const ParamLayout& layout);
 // Elements [u, v) of a role's local flat expert buffer, as runs of global experts' blocks; buffer index =
 // flat index - shift (the moments of a ZeRO-1 rank start at their shard's offset).
 std::vector<Segment> expert_segments(const ParamLayout& layout, int role, char* buf, int64_t shift, int64_t u,
-                                     int64_t v);
+                                     int64_t v, DType dtype = DType::F32);
 // The flat range [begin, end) of each role's elements this rank writes: its moment shard under ZeRO-1, else
 // dense split over all ranks and experts over their replicas.
 struct WritePlan {

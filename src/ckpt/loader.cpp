@@ -98,7 +98,7 @@ void scatter(Ops& ops, const Segment& seg, int64_t from, int64_t count, const fl
       continue;
     }
     const int64_t n = std::min(count, pc.count - from);
-    ops.upload(pc.base + (pc.offset + from) * sizeof(float), src, static_cast<size_t>(n) * sizeof(float));
+    upload_f32(ops, pc, from, n, src);
     src += n;
     count -= n;
     from = 0;

@@ -29,6 +29,14 @@ int64_t shift_of(const TrainState::Moments& m, int role) { return whole(m, role)
 
 }  // namespace
 
+void download_f32(Ops& ops, const Piece& pc, int64_t from, int64_t n, float* dst) {
+  mxt::download_f32(ops, Tensor(pc.base, pc.dtype, {pc.offset + pc.count}), pc.offset + from, n, dst);
+}
+
+void upload_f32(Ops& ops, const Piece& pc, int64_t from, int64_t n, const float* src) {
+  mxt::upload_f32(ops, Tensor(pc.base, pc.dtype, {pc.offset + pc.count}), pc.offset + from, n, src);
+}
+
 const char* role_name(int role) {
   static const char* kRoles[] = {"master", "adam_m", "adam_v"};
   return kRoles[role];
@@ -43,7 +51,7 @@ int64_t expert_block_numel(const ParamLayout& layout) {
 }
 
 std::vector<Segment> expert_segments(const ParamLayout& layout, int role, char* buf, int64_t shift, int64_t u,
-                                     int64_t v) {
+                                     int64_t v, DType dtype) {
   const int64_t n = layout.num_local_experts, block = expert_block_numel(layout);
   std::vector<Segment> by_expert(static_cast<size_t>(n));
   int64_t in_block = 0;  // offset of this tensor's slice inside an expert's block
@@ -62,7 +70,7 @@ std::vector<Segment> expert_segments(const ParamLayout& layout, int role, char* 
                               " is not contiguous over the flat range [" + std::to_string(u) + ", " +
                               std::to_string(v) + ")");
       }
-      s.pieces.push_back({buf, lo - shift, hi - lo});
+      s.pieces.push_back({buf, lo - shift, hi - lo, dtype});
       s.end = b + (hi - lo);
     }
     in_block += per;
@@ -107,19 +115,21 @@ std::vector<Segment> write_segments(const TrainState& s, const WritePlan& w) {
     seg.begin = w.dense_begin;
     seg.end = w.dense_end;
     seg.whole = seg.begin == 0 && seg.end == s.layout.dense_numel;
-    seg.pieces.push_back({static_cast<char*>(role_buffer(s.dense, role)->data),
-                          w.dense_begin - shift_of(s.dense_moments, role), seg.numel()});
+    const Tensor& t = *role_buffer(s.dense, role);
+    seg.pieces.push_back({static_cast<char*>(t.data), w.dense_begin - shift_of(s.dense_moments, role), seg.numel(),
+                          t.dtype});
     segs.push_back(std::move(seg));
   }
   for (int role = 0; role < 3; ++role) {
-    char* buf = static_cast<char*>(role_buffer(s.expert, role)->data);
+    const Tensor& t = *role_buffer(s.expert, role);
+    char* buf = static_cast<char*>(t.data);
     const int64_t shift = shift_of(s.expert_moments, role);
     if (w.expert_flat) {
-      for (Segment& seg : expert_segments(s.layout, role, buf, shift, w.expert_begin, w.expert_end))
+      for (Segment& seg : expert_segments(s.layout, role, buf, shift, w.expert_begin, w.expert_end, t.dtype))
         segs.push_back(std::move(seg));
       continue;
     }
-    for (Segment& seg : expert_segments(s.layout, role, buf, shift, 0, s.layout.expert_numel)) {
+    for (Segment& seg : expert_segments(s.layout, role, buf, shift, 0, s.layout.expert_numel, t.dtype)) {
       const int64_t j = std::stoll(seg.key.substr(7)) - s.layout.first_expert;  // "expert.<g>.<role>"
       if (j >= w.expert_begin && j < w.expert_end) segs.push_back(std::move(seg));
     }
@@ -136,14 +146,15 @@ std::vector<Segment> read_segments(const TrainState& s) {
     seg.key = std::string("dense.") + role_name(role);
     seg.begin = b;
     seg.end = e;
-    seg.pieces.push_back({static_cast<char*>(role_buffer(s.dense, role)->data), b - shift_of(s.dense_moments, role),
-                          e - b});
+    const Tensor& t = *role_buffer(s.dense, role);
+    seg.pieces.push_back({static_cast<char*>(t.data), b - shift_of(s.dense_moments, role), e - b, t.dtype});
     segs.push_back(std::move(seg));
   }
   for (int role = 0; role < 3; ++role) {
     const auto [u, v] = held(s.expert_moments, role, s.layout.expert_numel);
-    for (Segment& seg : expert_segments(s.layout, role, static_cast<char*>(role_buffer(s.expert, role)->data),
-                                        shift_of(s.expert_moments, role), u, v))
+    const Tensor& t = *role_buffer(s.expert, role);
+    for (Segment& seg : expert_segments(s.layout, role, static_cast<char*>(t.data), shift_of(s.expert_moments, role),
+                                        u, v, t.dtype))
       segs.push_back(std::move(seg));
   }
   return segs;
@@ -154,7 +165,7 @@ void snapshot(Ops& ops, std::vector<Segment>& segs) {
     seg.host.resize(static_cast<size_t>(seg.numel()));
     float* dst = seg.host.data();
     for (const Piece& pc : seg.pieces) {
-      ops.download(dst, pc.base + pc.offset * sizeof(float), static_cast<size_t>(pc.count) * sizeof(float));
+      download_f32(ops, pc, 0, pc.count, dst);
       dst += pc.count;
     }
     seg.in_host = true;

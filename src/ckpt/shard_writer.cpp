@@ -72,7 +72,7 @@ ShardRecord write_shard(const std::string& path, int rank, const std::vector<Seg
         for (int64_t i = 0; i < pc.count; i += kChunkElems) {
           const int64_t n = std::min(kChunkElems, pc.count - i);
           chunk.resize(static_cast<size_t>(std::max<int64_t>(n, static_cast<int64_t>(chunk.size()))));
-          ops->download(chunk.data(), pc.base + (pc.offset + i) * sizeof(float), static_cast<size_t>(n) * sizeof(float));
+          download_f32(*ops, pc, i, n, chunk.data());
           emit(chunk.data(), n);
         }
     }

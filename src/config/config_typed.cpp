@@ -207,6 +207,7 @@ void read_optimizer(const Reader& r, TrainConfig& c) {
   a.eps = r.f("adamw_kwargs.eps");
   a.weight_decay = r.f("adamw_kwargs.weight_decay");
   r.b("adamw_kwargs.fused");  // the recipe's flag: read for its type, otherwise ignored
+  c.adamw_moments_dtype = r.s("adamw_moments_dtype");
   LRSchedulerConfig& s = c.lr_scheduler;
   s.num_warmup_steps = r.i("lr_scheduler_kwargs.num_warmup_steps");
   s.num_decay_steps = r.i("lr_scheduler_kwargs.num_decay_steps");
@@ -302,6 +303,7 @@ void check_rest(TrainConfig& c) {
   require_one_of(c.backend, {"auto", "cpu", "cuda", "cuda-fp32"}, "backend");
   require_one_of(c.fp8.hopper_gemm, {"fp8", "bf16"}, "fp8_config.hopper_gemm");
   require_one_of(c.checkpoint.final_model_dtype, {"float32", "bfloat16"}, "checkpoint.final_model_dtype");
+  require_one_of(c.adamw_moments_dtype, {"float32", "bfloat16"}, "adamw_moments_dtype");
   require(!c.output_dir.empty(), "output_dir must not be empty");
   require_positive(c.parallelism.dp_size, "parallelism.dp_size");
   require_positive(c.parallelism.ep_size, "parallelism.ep_size");

@@ -21,6 +21,10 @@ float* f32(const Tensor& t, const char* op, const char* arg) {
   return static_cast<float*>(host_data(t, DType::F32, op, arg));
 }
 
+uint16_t* bf16(const Tensor& t, const char* op, const char* arg) {
+  return static_cast<uint16_t*>(host_data(t, DType::BF16, op, arg));
+}
+
 int32_t* i32(const Tensor& t, const char* op, const char* arg) {
   return static_cast<int32_t*>(host_data(t, DType::I32, op, arg));
 }

@@ -11,6 +11,7 @@ namespace mxt::cpu {
 
 // Typed host pointer; throws unless t is a CPU tensor of that dtype with data behind any elements.
 float* f32(const Tensor& t, const char* op, const char* arg);
+uint16_t* bf16(const Tensor& t, const char* op, const char* arg);  // the raw bits
 int32_t* i32(const Tensor& t, const char* op, const char* arg);
 
 // t must have `rows` leading rows and rows*cols elements in all (trailing dims may be split or merged,

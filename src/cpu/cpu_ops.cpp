@@ -8,6 +8,7 @@
 #include <new>
 
 #include "cpu/check.hpp"
+#include "mxtrain/bf16.hpp"
 
 namespace mxt {
 
@@ -49,22 +50,6 @@ void CpuOps::zero(const Tensor& t) {
   if (t.numel()) std::memset(t.data, 0, t.bytes());
 }
 
-// bf16 conversions exist so host-side checkpoint / parity code can move data between precisions.
-static float bf16_to_f32(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-static uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
 void CpuOps::copy(const Tensor& src, const Tensor& dst) {
   if (src.device != Device::CPU || dst.device != Device::CPU) fail("copy", "not a CPU tensor");
   if (src.numel() != dst.numel())
@@ -76,11 +61,11 @@ void CpuOps::copy(const Tensor& src, const Tensor& dst) {
   } else if (src.dtype == DType::BF16 && dst.dtype == DType::F32) {
     const auto* s = static_cast<const uint16_t*>(src.data);
     float* d = static_cast<float*>(dst.data);
-    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_bits_to_f32(s[i]);
   } else if (src.dtype == DType::F32 && dst.dtype == DType::BF16) {
     const float* s = static_cast<const float*>(src.data);
     auto* d = static_cast<uint16_t*>(dst.data);
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16_bits(s[i]);
   } else {
     fail("copy", std::string("unsupported conversion ") + dtype_name(src.dtype) + " -> " +
                      dtype_name(dst.dtype));

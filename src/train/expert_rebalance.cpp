@@ -111,7 +111,7 @@ std::vector<double> Trainer::expert_slot_sums() {
   // range before and after a move, which keeps slot indexes then).
   for (const auto& [R, begin] : expert_state(expert_)) {
     m.resize(static_cast<size_t>(R.numel()));
-    ops_.download(m.data(), R.data, m.size() * sizeof(float));
+    download_f32(ops_, R, 0, R.numel(), m.data());
     const int64_t end = begin + R.numel();
     for (int64_t l = 0; l < L; ++l)
       for (int64_t j = 0; j < El; ++j) {
@@ -192,21 +192,21 @@ void Trainer::permute_router_rows(const std::vector<std::vector<int>>& src) {
                         {{dense_.adam_m, dense_.shard_offset}, !sharded},
                         {{dense_.adam_v, dense_.shard_offset}, !sharded}};
   std::vector<float> host(static_cast<size_t>(3 * L * block), 0.f);
-  auto each_span = [&](const std::function<void(const Part&, float*, char*, int64_t)>& fn) {
+  // fn(part, host run, first element of the run in the part's buffer, elements)
+  auto each_span = [&](const std::function<void(const Part&, float*, int64_t, int64_t)>& fn) {
     for (int b = 0; b < 3; ++b) {
       const Part& p = parts[b];
       for (int64_t l = 0; l < L; ++l) {
         const int64_t off = layout_.find(layer_name(l, "gate.weight")).offset;
         const int64_t lo = std::max(off, p.begin), hi = std::min(off + block, p.begin + p.t.numel());
         if (lo >= hi) continue;
-        fn(p, host.data() + (b * L + l) * block + (lo - off),
-           static_cast<char*>(p.t.data) + (lo - p.begin) * static_cast<int64_t>(sizeof(float)), hi - lo);
+        fn(p, host.data() + (b * L + l) * block + (lo - off), lo - p.begin, hi - lo);
       }
     }
   };
-  each_span([&](const Part& p, float* h, char* dev, int64_t n) {
+  each_span([&](const Part& p, float* h, int64_t at, int64_t n) {
     if (p.replicated && rank_ != 0) return;
-    ops_.download(h, dev, static_cast<size_t>(n) * sizeof(float));
+    download_f32(ops_, p.t, at, n, h);
   });
   groups_->world_host->all_reduce_sum(host.data(), static_cast<int64_t>(host.size()), CommType::F32);
   std::vector<float> permuted(host.size());
@@ -216,9 +216,7 @@ void Trainer::permute_router_rows(const std::vector<std::vector<int>>& src) {
       std::copy_n(host.begin() + b * block + s[static_cast<size_t>(g)] * d, d, permuted.begin() + b * block + g * d);
   }
   host.swap(permuted);
-  each_span([&](const Part&, float* h, char* dev, int64_t n) {
-    ops_.upload(dev, h, static_cast<size_t>(n) * sizeof(float));
-  });
+  each_span([&](const Part& p, float* h, int64_t at, int64_t n) { upload_f32(ops_, p.t, at, n, h); });
 }
 
 // Expert state moves between EP ranks with one all-to-all per (layer, tensor, role, d x f unit), staged in the

@@ -41,6 +41,10 @@ int64_t expert_wgrad_group(const TrainConfig& cfg) {
 
 int64_t lm_head_wgrad_group(const TrainConfig& cfg) { return capped_group(cfg.lm_head_wgrad_micro_batches, cfg); }
 
+DType moments_dtype(const TrainConfig& cfg) {
+  return cfg.adamw_moments_dtype == "bfloat16" ? DType::BF16 : DType::F32;
+}
+
 std::shared_ptr<ProcessGroups> checked_groups(const TrainConfig& c, std::shared_ptr<ProcessGroups> g) {
   if (!g) g = make_single_process_groups();
   const RankLayout& L = g->layout;
@@ -62,6 +66,7 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
       loader_(std::move(tokens), cfg.dataset, cfg.seed, rank_, world_) {
   const int64_t T = cfg.dataset.micro_batch_size * cfg.dataset.max_seq_length;
   const DType F = DType::F32;
+  const DType moments = moments_dtype(cfg);
   ops_.set_lm_head_chunk_tokens(cfg.lm_head_chunk_tokens);
   dense_shard_ = make_param_shard(groups_->world.get(), layout_.dense_numel);
   expert_shard_ = make_param_shard(groups_->dp.get(), layout_.expert_numel);
@@ -74,8 +79,8 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
     const bool sharded = fp == &dense_ && dense_master_sharded_;
     state_.add(fp->master, p + "master", F, {sharded ? sh.shard : sh.padded});
     state_.add(fp->grad, p + "grad", F, {sh.padded});
-    state_.add(fp->adam_m, p + "adam_m", F, {sh.shard});
-    state_.add(fp->adam_v, p + "adam_v", F, {sh.shard});
+    state_.add(fp->adam_m, p + "adam_m", moments, {sh.shard});
+    state_.add(fp->adam_v, p + "adam_v", moments, {sh.shard});
     fp->shard_offset = sh.offset;
     if (sharded) {
       state_.add(fp->working, p + "working", ops.act_dtype(), {sh.padded});
@@ -676,9 +681,10 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
   const size_t act = dtype_size(act_dtype);
   const size_t dense_working = act_dtype == DType::F32 ? 0 : act;
   const size_t expert_working = has_expert_working_copy(cfg.fp8, act_dtype) ? act : 0;
+  const size_t moment = dtype_size(moments_dtype(cfg));
   auto bytes = [&](int64_t n, int64_t replicas, size_t working) {
     const int64_t shard = (n + replicas - 1) / replicas;
-    return static_cast<size_t>(shard * replicas) * 2 * sizeof(float) + static_cast<size_t>(shard) * 2 * sizeof(float) +
+    return static_cast<size_t>(shard * replicas) * 2 * sizeof(float) + static_cast<size_t>(shard) * 2 * moment +
            static_cast<size_t>(n) * working;
   };
   const int64_t world = cfg.parallelism.dp_size * cfg.parallelism.ep_size;
@@ -687,7 +693,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
   auto dense_bytes = [&](int64_t n) {
     if (world == 1) return bytes(n, 1, dense_working);
     const int64_t shard = (n + world - 1) / world;
-    return static_cast<size_t>(shard * world) * (sizeof(float) + act) + static_cast<size_t>(shard) * 3 * sizeof(float);
+    return static_cast<size_t>(shard * world) * (sizeof(float) + act) + static_cast<size_t>(shard) * (sizeof(float) + 2 * moment);
   };
   p.param_bytes = dense_bytes(layout.dense_numel) + bytes(layout.expert_numel, cfg.parallelism.dp_size, expert_working);
   p.expert_working_bytes = static_cast<size_t>(layout.expert_numel) * expert_working;
@@ -733,7 +739,7 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
   std::string s = fmt::format(
       "memory plan per rank (ep_size {}, dp_size {}, micro-batch {} x seq {}, activations {}):\n"
       "  parameters: {:.3f} B dense + {:.3f} B expert (this rank's {} of {} experts)\n"
-      "  fp32 master + grads + AdamW{}: {:.2f} GiB (AdamW moments: ZeRO-1 shards over {} ranks "
+      "  fp32 master + grads + AdamW{}: {:.2f} GiB (AdamW moments in {}: ZeRO-1 shards over {} ranks "
       "dense{}, {} expert)\n"
       "{}"
       "  activations (arena{}): {:.2f} GiB\n"
@@ -741,7 +747,7 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       "  total: {:.2f} GiB\n  largest activation buffers:\n",
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
       act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts, working,
-      gib(p.param_bytes), world, sharded ? " with its fp32 master" : "", cfg.parallelism.dp_size,
+      gib(p.param_bytes), cfg.adamw_moments_dtype, world, sharded ? " with its fp32 master" : "", cfg.parallelism.dp_size,
       p.fp8_weight_bytes ? fmt::format("  MXFP8 weight copies ({}{}, {}): {:.2f} GiB\n",
                                        cfg.fp8.bf16_gemms() ? "E4M3 values in bf16, hopper_gemm=bf16: " : "E4M3 ",
                                        cfg.fp8.cache_columnwise_weights

@@ -512,6 +512,72 @@ TEST(CudaBasicOps, AdamWMatchesCpu) {
   }
 }
 
+// BF16 moments (adamw_moments_dtype=bfloat16) against the CPU twin on the same bf16 values: the stored moments bit
+// for bit (fp32 multiplies and adds, then one rounding to nearest even), the parameter as the F32 test requires;
+// the float4 path (8-byte moment groups), the scalar path (a moment shard misaligned by one element) and the
+// fused working copy.
+TEST(CudaBasicOps, AdamWBf16MomentsMatchCpu) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  AdamWStep s;
+  s.lr = 3e-4f;
+  s.weight_decay = 0.1f;
+  s.step = 4;
+  s.grad_scale = 0.6f;
+  for (int64_t n : {int64_t{1000003}, int64_t{7}}) {
+    for (int64_t offset : {0, 1}) {
+      auto p = randn(n, 301), g = randn(n, 302, 2.f), m = randn(n, 303, 0.1f), v = randn(n, 304, 0.1f);
+      for (auto& e : v) e = e * e;
+      round_bf16(m);
+      round_bf16(v);
+      std::vector<uint16_t> mb(n), vb(n);
+      for (int64_t i = 0; i < n; ++i) mb[i] = f32_to_bf16_bits(m[i]), vb[i] = f32_to_bf16_bits(v[i]);
+      std::vector<float> rp(p);
+      cpu->adamw_step(host(rp, {n}), host(g, {n}), Tensor(mb.data(), DType::BF16, {n}),
+                      Tensor(vb.data(), DType::BF16, {n}), s);
+      auto pad = [&](const std::vector<float>& a) {
+        std::vector<float> b(offset, 0.f);
+        b.insert(b.end(), a.begin(), a.end());
+        return b;
+      };
+      const int64_t N = n + offset;
+      auto gp = upload(*gpu, pad(p), DType::F32, {N}), gg = upload(*gpu, pad(g), DType::F32, {N});
+      auto gm = upload(*gpu, pad(m), DType::BF16, {N}), gv = upload(*gpu, pad(v), DType::BF16, {N});
+      auto w = upload(*gpu, std::vector<float>(N, -7.f), DType::BF16, {N});
+      auto view = [&](const DeviceTensor& d) { return d.t.rows(offset, n); };
+      gpu->adamw_step_to(view(gp), view(gg), view(gm), view(gv), s, view(w));
+      auto tail = [&](const DeviceTensor& d) {
+        auto all = download(*gpu, d.t);
+        return std::vector<float>(all.begin() + offset, all.end());
+      };
+      const auto got_p = tail(gp), got_m = tail(gm), got_v = tail(gv), got_w = tail(w);
+      EXPECT_CLOSE_REL(got_p, rp, 1e-6);
+      int64_t m_diff = 0, v_diff = 0, w_diff = 0, moved = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        m_diff += got_m[i] != bf16_bits_to_f32(mb[i]);
+        v_diff += got_v[i] != bf16_bits_to_f32(vb[i]);
+        w_diff += got_w[i] != round_bf16(got_p[i]);
+        moved += got_m[i] != m[i];
+      }
+      EXPECT_EQ(m_diff, 0) << "n " << n << " offset " << offset;
+      EXPECT_EQ(v_diff, 0) << "n " << n << " offset " << offset;
+      EXPECT_EQ(w_diff, 0) << "n " << n << " offset " << offset;
+      EXPECT_GT(moved, n / 2);
+      std::vector<float> du_got(n), du_ref(n);
+      for (int64_t i = 0; i < n; ++i) {
+        du_got[i] = got_p[i] - p[i];
+        du_ref[i] = rp[i] - p[i];
+      }
+      EXPECT_CLOSE_REL(du_got, du_ref, 1e-3);
+      if (offset) EXPECT_EQ(download(*gpu, gm.t).front(), 0.f);  // padding untouched
+    }
+  }
+  // Moments of two dtypes are refused.
+  DeviceTensor a(*gpu, DType::F32, {8}), b(*gpu, DType::BF16, {8});
+  EXPECT_THROW(gpu->adamw_step(a.t, a.t, b.t, a.t, s), std::exception);
+}
+
 // The fused step writes the working copy as the separate copy would, bit for bit: bf16 and f32 copies, a copy shorter
 // than the master (its padding), a misaligned shard (the scalar path), the float4 path's tail, and a working copy
 // misaligned against an aligned master (the float4 path's element-by-element stores).

@@ -5,7 +5,7 @@
 // or micro_batch_size x world with --mode batch) and broadcasts what it got.
 //
 //   mpirun -np 4 mxtrain_mpi_check --dp 2 --ep 2 [--steps 10] [--micro 1] [--acc 2] [--mode acc|batch]
-//                                  [--capacity F] [--aux-jitter] [--fp8] [--wgrad-group G] [--force-balance] [--rebalance N] [--experts E] [--lr X] [--backend cpu|cuda] [--tol-scale X]
+//                                  [--capacity F] [--aux-jitter] [--fp8] [--wgrad-group G] [--force-balance] [--rebalance N] [--experts E] [--lr X] [--moments float32|bfloat16] [--backend cpu|cuda] [--tol-scale X]
 // Exit status 0 when every check passes on every rank. --backend cuda (one GPU per local rank, NCCL) runs
 // the same comparison on GPU ranks with bf16 tolerances (loss 2e-3, norm 2e-2, weights 2e-3, x tol-scale).
 #include <mpi.h>
@@ -39,7 +39,8 @@ struct Args {
   bool force_balance = false;
   int64_t rebalance = 0;
   int64_t experts = 0;    // config_kwargs.num_local_experts (0: the tiny config's)
-  double lr = 0;          // adamw_kwargs.lr (0: the tiny config's)  // parallelism.ep_rebalance_interval: experts re-placed (relabelled) every N steps
+  double lr = 0;          // adamw_kwargs.lr (0: the tiny config's)
+  std::string moments = "float32";  // adamw_moments_dtype, the reference's too  // parallelism.ep_rebalance_interval: experts re-placed (relabelled) every N steps
   std::string backend = "cpu";
   double tol_scale = 1;
 };
@@ -69,6 +70,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--rebalance") a.rebalance = std::stoll(val());
     else if (k == "--experts") a.experts = std::stoll(val());
     else if (k == "--lr") a.lr = std::stod(val());
+    else if (k == "--moments") a.moments = val();
     else if (k == "--backend") a.backend = val();
     else if (k == "--tol-scale") a.tol_scale = std::stod(val());
     else {
@@ -114,6 +116,7 @@ mxt::TrainConfig tiny_config(const Args& a, bool gpu) {
   c.parallelism.ep_rebalance_interval = a.rebalance;
   if (a.experts > 0) c.model.num_local_experts = a.experts;
   if (a.lr > 0) c.adamw.lr = a.lr;
+  c.adamw_moments_dtype = a.moments;
   if (a.fp8) {  // MXFP8 needs widths (and the K/V projection) in multiples of 32
     c.fp8.enabled = true;
     c.fp8.fp8_format = "HYBRID";

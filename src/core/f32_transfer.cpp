@@ -1,0 +1,44 @@
+// Host-side F32 views of F32 or BF16 buffers (the AdamW moments under adamw_moments_dtype=bfloat16): checkpoints
+// and expert moves work in F32 whatever a buffer holds. BF16 widens exactly; F32 narrows to nearest even.
+#include <string>
+#include <vector>
+
+#include "mxtrain/bf16.hpp"
+#include "mxtrain/ops.hpp"
+
+namespace mxt {
+namespace {
+char* element(const Tensor& t, int64_t i) {
+  return static_cast<char*>(t.data) + i * static_cast<int64_t>(dtype_size(t.dtype));
+}
+void expect_f32_or_bf16(const Tensor& t, const char* what) {
+  if (t.dtype != DType::F32 && t.dtype != DType::BF16)
+    throw std::invalid_argument(std::string(what) + ": an F32 or BF16 buffer expected, got " + dtype_name(t.dtype));
+}
+}  // namespace
+
+void download_f32(Ops& ops, const Tensor& t, int64_t from, int64_t n, float* dst) {
+  expect_f32_or_bf16(t, "download_f32");
+  if (n <= 0) return;
+  if (t.dtype == DType::F32) {
+    ops.download(dst, element(t, from), static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  ops.download(bits.data(), element(t, from), bits.size() * sizeof(uint16_t));
+  for (size_t i = 0; i < bits.size(); ++i) dst[i] = bf16_bits_to_f32(bits[i]);
+}
+
+void upload_f32(Ops& ops, const Tensor& t, int64_t from, int64_t n, const float* src) {
+  expect_f32_or_bf16(t, "upload_f32");
+  if (n <= 0) return;
+  if (t.dtype == DType::F32) {
+    ops.upload(element(t, from), src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = f32_to_bf16_bits(src[i]);
+  ops.upload(element(t, from), bits.data(), bits.size() * sizeof(uint16_t));
+}
+
+}  // namespace mxt
