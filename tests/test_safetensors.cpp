@@ -97,7 +97,7 @@ void save_all(const std::string& path, const std::map<std::string, Loaded>& tens
   write_safetensors(path, e, DType::F32);
 }
 
-float bf16_round(float x) { return bf16_bits_to_float(float_to_bf16_bits(x)); }
+float bf16_round(float x) { return bf16_bits_to_f32(f32_to_bf16_bits(x)); }
 
 }  // namespace
 
@@ -153,12 +153,12 @@ TEST(Safetensors, LargeTensorThreadedConversion) {
 }
 
 TEST(Safetensors, Bf16Rounding) {
-  EXPECT_EQ(float_to_bf16_bits(1.f), 0x3f80);
+  EXPECT_EQ(f32_to_bf16_bits(1.f), 0x3f80);
   // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0).
-  EXPECT_EQ(float_to_bf16_bits(1.f + std::ldexp(1.f, -8)), 0x3f80);
-  EXPECT_EQ(float_to_bf16_bits(1.f + 3 * std::ldexp(1.f, -8)), 0x3f82);
-  EXPECT_TRUE(std::isnan(bf16_bits_to_float(float_to_bf16_bits(std::nanf("")))));
-  EXPECT_EQ(bf16_bits_to_float(float_to_bf16_bits(INFINITY)), INFINITY);
+  EXPECT_EQ(f32_to_bf16_bits(1.f + std::ldexp(1.f, -8)), 0x3f80);
+  EXPECT_EQ(f32_to_bf16_bits(1.f + 3 * std::ldexp(1.f, -8)), 0x3f82);
+  EXPECT_TRUE(std::isnan(bf16_bits_to_f32(f32_to_bf16_bits(std::nanf("")))));
+  EXPECT_EQ(bf16_bits_to_f32(f32_to_bf16_bits(INFINITY)), INFINITY);
 }
 
 TEST(Safetensors, ReadsF16) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "mxtrain/bf16.hpp"  // the bf16 conversions the reader and the writer use
 #include "mxtrain/config.hpp"
 #include "mxtrain/tensor.hpp"
 
@@ -24,9 +25,7 @@ struct SafetensorsError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Scalar conversions used by the reader and the writer.
-float bf16_bits_to_float(uint16_t h);
-uint16_t float_to_bf16_bits(float f);  // round to nearest even; NaN stays a (quiet) NaN
+// IEEE half to fp32, for the reader (bf16: mxtrain/bf16.hpp).
 float f16_bits_to_float(uint16_t h);   // IEEE half, subnormals / inf / NaN included
 
 // One tensor described by a file's header.

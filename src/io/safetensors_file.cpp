@@ -74,21 +74,6 @@ uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] 
 
 // ---- scalar conversions -----------------------------------------------------------------------------------
 
-float bf16_bits_to_float(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-uint16_t float_to_bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
 float f16_bits_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
@@ -308,7 +293,7 @@ void SafetensorsFile::read_f32(const std::string& name, int64_t first, int64_t c
     });
   } else if (ti.dtype == "BF16") {
     parallel_ranges(count, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) dst[i] = bf16_bits_to_float(load_u16(src + (first + i) * 2));
+      for (int64_t i = b; i < e; ++i) dst[i] = bf16_bits_to_f32(load_u16(src + (first + i) * 2));
     });
   } else if (ti.dtype == "F16") {
     parallel_ranges(count, [&](int64_t b, int64_t e) {
@@ -419,7 +404,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsWri
       const int64_t e = std::min(numel, b + kChunk);
       buf.resize(static_cast<size_t>(e - b));
       parallel_ranges(e - b, [&](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) buf[i] = float_to_bf16_bits(t.data[b + i]);
+        for (int64_t i = lo; i < hi; ++i) buf[i] = f32_to_bf16_bits(t.data[b + i]);
       });
       f.write(buf.data(), buf.size() * 2);
     }

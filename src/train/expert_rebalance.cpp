@@ -9,11 +9,11 @@
 #include <array>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <stdexcept>
 #include <string>
 
+#include "mxtrain/bf16.hpp"
 #include "mxtrain/expert_placement.hpp"
 #include "mxtrain/model.hpp"
 #include "mxtrain/trainer.hpp"
@@ -149,16 +149,6 @@ std::vector<double> Trainer::expert_slot_sums() {
   return out;
 }
 
-namespace {
-float round_bf16(float x) {  // round to nearest even, as the device's conversion (finite values)
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-}  // namespace
-
 // MXTRAIN_CHECK_REBALANCE: the working copies the model reads equal their fp32 masters, rounded.
 void Trainer::check_working_copies() {
   std::vector<float> dense, expert;
@@ -171,7 +161,7 @@ void Trainer::check_working_copies() {
     std::vector<float> w(static_cast<size_t>(n));
     ops_.download(w.data(), tmp.data, w.size() * sizeof(float));
     int64_t bad = 0;
-    for (int64_t i = 0; i < n; ++i) bad += w[static_cast<size_t>(i)] != round_bf16(master[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < n; ++i) bad += w[static_cast<size_t>(i)] != bf16_bits_to_f32(f32_to_bf16_bits(master[static_cast<size_t>(i)]));
     if (bad) throw std::logic_error(std::string("MXTRAIN_CHECK_REBALANCE: ") + std::to_string(bad) + " of " +
                                     std::to_string(n) + " " + what + " working-copy elements differ from the master");
   };

@@ -14,6 +14,7 @@
 
 #include "cuda_ops.hpp"
 #include "host_test_util.hpp"
+#include "mxtrain/bf16.hpp"
 #include "mxtrain/device_info.hpp"
 #include "mxtrain/ops.hpp"
 
@@ -54,19 +55,8 @@ inline bool device_is_sm90() {
     if (!::mxt::testing::device_is_sm90()) GTEST_SKIP() << "not an sm_90 GPU: the Hopper kernels do not apply"; \
   } while (0)
 
-inline uint16_t f32_to_bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-inline float bf16_bits_to_f32(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using mxt::bf16_bits_to_f32;  // mxtrain/bf16.hpp: the host conversions, bit for bit the device's
+using mxt::f32_to_bf16_bits;
 inline float round_bf16(float f) { return bf16_bits_to_f32(f32_to_bf16_bits(f)); }
 inline void round_bf16(std::vector<float>& v) {
   for (auto& x : v) x = round_bf16(x);
