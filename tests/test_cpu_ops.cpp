@@ -529,7 +529,7 @@ TEST_F(CpuOpsTest, AdamwBf16MomentsAreTheF32StepRounded) {
     rounded_away += mxt::bf16_bits_to_f32(mb[i]) != m[i];
   }
   EXPECT_GT(rounded_away, n / 2);  // the F32 moments left bf16's grid: the rounding was exercised
-  // Mixed moment dtypes are refused, naming both.
+  // Moments of two dtypes are refused.
   EXPECT_THROW(ops->adamw_step(F(pb, {n}), F(g, {n}), tm, F(v, {n}), s), std::exception);
 }
 

@@ -463,6 +463,27 @@ TEST(CudaBasicOps, RopeForwardBackwardMatchCpu) {
 
 // ---- AdamW ---------------------------------------------------------------------------------------
 
+// `offset` zeros, then a: a shard placed `offset` elements into its buffer (offset 1 misaligns the float4 path).
+std::vector<float> after_zeros(const std::vector<float>& a, int64_t offset) {
+  std::vector<float> b(offset, 0.f);
+  b.insert(b.end(), a.begin(), a.end());
+  return b;
+}
+// A device buffer's elements from `offset` on.
+std::vector<float> from_offset(Ops& gpu, const DeviceTensor& d, int64_t offset) {
+  auto all = download(gpu, d.t);
+  return std::vector<float>(all.begin() + offset, all.end());
+}
+// The update itself (p_new - p, about lr in size) must match the CPU twin's, not only the parameter.
+void expect_same_update(const std::vector<float>& p0, const std::vector<float>& got, const std::vector<float>& ref) {
+  std::vector<float> du_got(p0.size()), du_ref(p0.size());
+  for (size_t i = 0; i < p0.size(); ++i) {
+    du_got[i] = got[i] - p0[i];
+    du_ref[i] = ref[i] - p0[i];
+  }
+  EXPECT_CLOSE_REL(du_got, du_ref, 1e-3);
+}
+
 TEST(CudaBasicOps, AdamWMatchesCpu) {
   MXT_REQUIRE_GPU();
   auto gpu = make_cuda_ops();
@@ -481,31 +502,18 @@ TEST(CudaBasicOps, AdamWMatchesCpu) {
       for (auto& e : v) e = e * e;
       std::vector<float> rp(p), rm(m), rv(v);
       cpu->adamw_step(host(rp, {n}), host(g, {n}), host(rm, {n}), host(rv, {n}), s);
-      auto pad = [&](const std::vector<float>& a) {
-        std::vector<float> b(offset, 0.f);
-        b.insert(b.end(), a.begin(), a.end());
-        return b;
-      };
+      auto pad = [&](const std::vector<float>& a) { return after_zeros(a, offset); };
       const int64_t N = n + offset;
       auto gp = upload(*gpu, pad(p), DType::F32, {N}), gg = upload(*gpu, pad(g), DType::F32, {N});
       auto gm = upload(*gpu, pad(m), DType::F32, {N}), gv = upload(*gpu, pad(v), DType::F32, {N});
       auto view = [&](const DeviceTensor& d) { return d.t.rows(offset, n); };
       gpu->adamw_step(view(gp), view(gg), view(gm), view(gv), s);
-      auto tail = [&](const DeviceTensor& d) {
-        auto all = download(*gpu, d.t);
-        return std::vector<float>(all.begin() + offset, all.end());
-      };
+      auto tail = [&](const DeviceTensor& d) { return from_offset(*gpu, d, offset); };
       const auto got_p = tail(gp), got_m = tail(gm), got_v = tail(gv);
       EXPECT_CLOSE_REL(got_p, rp, 1e-6);
       EXPECT_CLOSE_REL(got_m, rm, 1e-6);
       EXPECT_CLOSE_REL(got_v, rv, 1e-6);
-      // The update itself (p_new - p, about lr in size) must match too, not only the parameter.
-      std::vector<float> du_got(n), du_ref(n);
-      for (int64_t i = 0; i < n; ++i) {
-        du_got[i] = got_p[i] - p[i];
-        du_ref[i] = rp[i] - p[i];
-      }
-      EXPECT_CLOSE_REL(du_got, du_ref, 1e-3);
+      expect_same_update(p, got_p, rp);
       EXPECT_GT(rel_l2(got_p, p), 1e-5);
       EXPECT_EQ(download(*gpu, gp.t).front(), offset ? 0.f : got_p.front());  // padding untouched
     }
@@ -536,21 +544,14 @@ TEST(CudaBasicOps, AdamWBf16MomentsMatchCpu) {
       std::vector<float> rp(p);
       cpu->adamw_step(host(rp, {n}), host(g, {n}), Tensor(mb.data(), DType::BF16, {n}),
                       Tensor(vb.data(), DType::BF16, {n}), s);
-      auto pad = [&](const std::vector<float>& a) {
-        std::vector<float> b(offset, 0.f);
-        b.insert(b.end(), a.begin(), a.end());
-        return b;
-      };
+      auto pad = [&](const std::vector<float>& a) { return after_zeros(a, offset); };
       const int64_t N = n + offset;
       auto gp = upload(*gpu, pad(p), DType::F32, {N}), gg = upload(*gpu, pad(g), DType::F32, {N});
       auto gm = upload(*gpu, pad(m), DType::BF16, {N}), gv = upload(*gpu, pad(v), DType::BF16, {N});
       auto w = upload(*gpu, std::vector<float>(N, -7.f), DType::BF16, {N});
       auto view = [&](const DeviceTensor& d) { return d.t.rows(offset, n); };
       gpu->adamw_step_to(view(gp), view(gg), view(gm), view(gv), s, view(w));
-      auto tail = [&](const DeviceTensor& d) {
-        auto all = download(*gpu, d.t);
-        return std::vector<float>(all.begin() + offset, all.end());
-      };
+      auto tail = [&](const DeviceTensor& d) { return from_offset(*gpu, d, offset); };
       const auto got_p = tail(gp), got_m = tail(gm), got_v = tail(gv), got_w = tail(w);
       EXPECT_CLOSE_REL(got_p, rp, 1e-6);
       int64_t m_diff = 0, v_diff = 0, w_diff = 0, moved = 0;
@@ -564,12 +565,7 @@ TEST(CudaBasicOps, AdamWBf16MomentsMatchCpu) {
       EXPECT_EQ(v_diff, 0) << "n " << n << " offset " << offset;
       EXPECT_EQ(w_diff, 0) << "n " << n << " offset " << offset;
       EXPECT_GT(moved, n / 2);
-      std::vector<float> du_got(n), du_ref(n);
-      for (int64_t i = 0; i < n; ++i) {
-        du_got[i] = got_p[i] - p[i];
-        du_ref[i] = rp[i] - p[i];
-      }
-      EXPECT_CLOSE_REL(du_got, du_ref, 1e-3);
+      expect_same_update(p, got_p, rp);
       if (offset) EXPECT_EQ(download(*gpu, gm.t).front(), 0.f);  // padding untouched
     }
   }
