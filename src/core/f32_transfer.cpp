@@ -1,5 +1,7 @@
 // Host-side F32 views of F32 or BF16 buffers (the AdamW moments under adamw_moments_dtype=bfloat16): checkpoints
-// and expert moves work in F32 whatever a buffer holds. BF16 widens exactly; F32 narrows to nearest even.
+// and expert moves work in F32 whatever a buffer holds. Reading BF16 widens exactly; writing into BF16 rounds to
+// nearest even.
+#include <stdexcept>
 #include <string>
 #include <vector>
 
