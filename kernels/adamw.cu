@@ -116,16 +116,9 @@ __global__ void adamw_scalar_kernel(float* __restrict__ p, const float* __restri
 bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
 template <typename TM, typename TW>
-void adamw_launch(const Tensor& param, const Tensor& grad, TM* mp, TM* vp, const Tensor& m, const Tensor& v,
-                  const AdamWStep& s, TW* w, int64_t wn, cudaStream_t stream) {
+void adamw_launch(float* pp, const float* gp, TM* mp, TM* vp, int64_t n, const AdamWStep& s, TW* w, int64_t wn,
+                  cudaStream_t stream) {
   const char* op = "adamw_step";
-  const int64_t n = param.numel();
-  float* pp = cuda::f32(param, op, "param");
-  const float* gp = cuda::f32(grad, op, "grad");
-  cuda::expect_numel(grad, n, op, "grad");
-  cuda::expect_numel(m, n, op, "m");
-  cuda::expect_numel(v, n, op, "v");
-  if (s.step < 1) cuda::fail(op, "step is 1-based, got " + std::to_string(s.step));
   if (n == 0) return;
   // Scalars exactly as the CPU twin computes them.
   const double bc1 = 1.0 - std::pow(static_cast<double>(s.beta1), static_cast<double>(s.step));
@@ -158,17 +151,24 @@ void adamw_launch(const Tensor& param, const Tensor& grad, TM* mp, TM* vp, const
   }
 }
 
-// Picks the moments' dtype (both alike, F32 or BF16).
+// Checks the arguments and picks the moments' dtype (both alike, F32 or BF16).
 template <typename TW>
 void adamw_moments(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s,
                    TW* w, int64_t wn, cudaStream_t stream) {
   const char* op = "adamw_step";
+  const int64_t n = param.numel();
+  float* pp = cuda::f32(param, op, "param");
+  const float* gp = cuda::f32(grad, op, "grad");
+  cuda::expect_numel(grad, n, op, "grad");
+  cuda::expect_numel(m, n, op, "m");
+  cuda::expect_numel(v, n, op, "v");
+  if (s.step < 1) cuda::fail(op, "step is 1-based, got " + std::to_string(s.step));
   if (m.dtype != v.dtype)
     cuda::fail(op, std::string("m and v differ in dtype: ") + dtype_name(m.dtype) + ", " + dtype_name(v.dtype));
   if (m.dtype == DType::BF16)
-    adamw_launch(param, grad, cuda::bf16p(m, op, "m"), cuda::bf16p(v, op, "v"), m, v, s, w, wn, stream);
+    adamw_launch(pp, gp, cuda::bf16p(m, op, "m"), cuda::bf16p(v, op, "v"), n, s, w, wn, stream);
   else
-    adamw_launch(param, grad, cuda::f32(m, op, "m"), cuda::f32(v, op, "v"), m, v, s, w, wn, stream);
+    adamw_launch(pp, gp, cuda::f32(m, op, "m"), cuda::f32(v, op, "v"), n, s, w, wn, stream);
 }
 
 }  // namespace

@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "model/mx_experts.hpp"
 #include "mxtrain/arena.hpp"
+#include "mxtrain/bf16.hpp"
 #include "mxtrain/ops.hpp"
 
 namespace mxt::testing {
@@ -42,13 +42,7 @@ struct MxExpertProblem {
     wp.resize(n);
     for (auto& e : wp) e = bf16(u(rng));
   }
-  static float bf16(float v) {  // round to nearest even bf16
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    std::memcpy(&v, &u, 4);
-    return v;
-  }
+  static float bf16(float v) { return round_to_bf16(v); }
 };
 
 // Everything mx_experts_forward / backward read and write, allocated on `ops` in one arena.
@@ -118,31 +112,11 @@ struct MxExpertBuffers {
   static void put(Ops& ops, const Tensor& t, const std::vector<float>& v, float pad) {
     std::vector<float> h(static_cast<size_t>(t.numel()), pad);
     std::copy(v.begin(), v.end(), h.begin());
-    if (t.dtype == DType::F32) {
-      ops.upload(t.data, h.data(), h.size() * 4);
-    } else {  // BF16 (values are bf16-exact, except the pad)
-      std::vector<uint16_t> b(h.size());
-      for (size_t i = 0; i < h.size(); ++i) {
-        uint32_t u;
-        const float r = MxExpertProblem::bf16(h[i]);
-        std::memcpy(&u, &r, 4);
-        b[i] = static_cast<uint16_t>(u >> 16);
-      }
-      ops.upload(t.data, b.data(), b.size() * 2);
-    }
+    upload_f32(ops, t, 0, t.numel(), h.data());  // BF16: values are bf16-exact, except the pad
   }
   static std::vector<float> get(Ops& ops, const Tensor& t) {
     std::vector<float> h(static_cast<size_t>(t.numel()));
-    if (t.dtype == DType::F32) {
-      ops.download(h.data(), t.data, h.size() * 4);
-    } else {
-      std::vector<uint16_t> b(h.size());
-      ops.download(b.data(), t.data, b.size() * 2);
-      for (size_t i = 0; i < h.size(); ++i) {
-        const uint32_t u = static_cast<uint32_t>(b[i]) << 16;
-        std::memcpy(&h[i], &u, 4);
-      }
-    }
+    download_f32(ops, t, 0, t.numel(), h.data());
     return h;
   }
 };

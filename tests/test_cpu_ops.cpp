@@ -509,7 +509,7 @@ TEST_F(CpuOpsTest, AdamwBf16MomentsAreTheF32StepRounded) {
   FVec p = uniform(n, rng), g = uniform(n, rng, -2.f, 2.f), m = uniform(n, rng, -0.1f, 0.1f);
   FVec v = uniform(n, rng, 1e-6f, 0.1f);
   for (auto* x : {&m, &v})
-    for (float& e : *x) e = mxt::bf16_bits_to_f32(mxt::f32_to_bf16_bits(e));  // bf16 values
+    for (float& e : *x) e = mxt::round_to_bf16(e);  // bf16 values
   std::vector<uint16_t> mb(n), vb(n);
   for (int64_t i = 0; i < n; ++i) mb[i] = mxt::f32_to_bf16_bits(m[i]), vb[i] = mxt::f32_to_bf16_bits(v[i]);
   FVec pb = p;

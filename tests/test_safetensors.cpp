@@ -97,7 +97,7 @@ void save_all(const std::string& path, const std::map<std::string, Loaded>& tens
   write_safetensors(path, e, DType::F32);
 }
 
-float bf16_round(float x) { return bf16_bits_to_f32(f32_to_bf16_bits(x)); }
+float bf16_round(float x) { return round_to_bf16(x); }
 
 }  // namespace
 

@@ -21,4 +21,7 @@ inline uint16_t f32_to_bf16_bits(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// The nearest bf16 value, as an fp32.
+inline float round_to_bf16(float f) { return bf16_bits_to_f32(f32_to_bf16_bits(f)); }
+
 }  // namespace mxt

@@ -161,7 +161,7 @@ void Trainer::check_working_copies() {
     std::vector<float> w(static_cast<size_t>(n));
     ops_.download(w.data(), tmp.data, w.size() * sizeof(float));
     int64_t bad = 0;
-    for (int64_t i = 0; i < n; ++i) bad += w[static_cast<size_t>(i)] != bf16_bits_to_f32(f32_to_bf16_bits(master[static_cast<size_t>(i)]));
+    for (int64_t i = 0; i < n; ++i) bad += w[static_cast<size_t>(i)] != round_to_bf16(master[static_cast<size_t>(i)]);
     if (bad) throw std::logic_error(std::string("MXTRAIN_CHECK_REBALANCE: ") + std::to_string(bad) + " of " +
                                     std::to_string(n) + " " + what + " working-copy elements differ from the master");
   };

@@ -57,7 +57,7 @@ inline bool device_is_sm90() {
 
 using mxt::bf16_bits_to_f32;  // mxtrain/bf16.hpp: the host conversions, bit for bit the device's
 using mxt::f32_to_bf16_bits;
-inline float round_bf16(float f) { return bf16_bits_to_f32(f32_to_bf16_bits(f)); }
+inline float round_bf16(float f) { return round_to_bf16(f); }
 inline void round_bf16(std::vector<float>& v) {
   for (auto& x : v) x = round_bf16(x);
 }
