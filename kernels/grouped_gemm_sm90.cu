@@ -81,18 +81,14 @@ using bf16 = __nv_bfloat16;
 enum class Mode : int { kFwd = 0, kDgrad = 1, kWgrad = 2, kFwdSwiglu = 3, kDgradSwiglu = 4 };
 
 // Wgrad: how a row set's last k-block of an expert, holding valid < BK of its rows, leaves the other rows out.
-//   kTailPack (default): a set's last rows share a k-block with the next set's first (PackCursor): each set's rows
-//     make k16 slices, the last holding 1-16 of them, and every k-block takes the next 4 slices wherever they come
-//     from. Its partial slices are zeroed as kTailSteps zeroes its tail. The same k16 wgmmas on the same operands in
-//     the same order as kTailSteps, so the same sums bit for bit, in about one k-block fewer per row set.
-//   kTailSteps: only ceil(valid / 16) of the k-block's 4 k16 wgmmas run, and each warpgroup zeroes rows
+//   kTailSteps (default): only ceil(valid / 16) of the k-block's 4 k16 wgmmas run, and each warpgroup zeroes rows
 //     [valid, 16 * steps) of its own A chunk (dy) and syncs alone (none of this when valid % 16 == 0). B's rows
 //     there are other experts' rows of the same set, finite products of the step (were one not, that expert's own
 //     dW would not be finite either); where they may be unwritten (past offsets_s[E]), both operands' rows are
 //     zeroed, by both warpgroups together.
 //   kTailZero: both warpgroups zero rows [valid, BK) of A and B, sync, and run all 4 wgmmas (before session 29).
 //   kTailNone: nothing: wrong sums, timing only (MXTRAIN_GG_FAULT=tail).
-enum WgradTail : int { kTailSteps = 0, kTailZero = 1, kTailNone = 2, kTailPack = 3 };
+enum WgradTail : int { kTailSteps = 0, kTailZero = 1, kTailNone = 2 };
 
 // Output columns of one work item: the forward + SwiGLU tile makes BN/2 act columns from BN accumulators.
 template <Mode kMode, int BN>
@@ -202,7 +198,6 @@ __device__ __forceinline__ void store_norm_slot(const Params& p, int e, int32_t 
 struct SetMaps {
   CUtensorMap a[kMaxSets - 1], b[kMaxSets - 1];  // forward + SwiGLU (TMA stores): a[0] h13's up half, a[1] act
   CUtensorMap pf;                                // wgrad: dW in BM x BN fp32 boxes, for the L2 prefetch
-  CUtensorMap a16[kMaxSets], b16[kMaxSets];      // wgrad, kTailPack: every set's operands in 16-row boxes
 };
 
 // Wgrad: expert e's rows [lo, hi) of row set s.
@@ -236,41 +231,6 @@ struct SetCursor {
     return r0;
   }
 };
-
-// Wgrad, kTailPack: walks an item's rows over the row sets in k16 slices, 4 per k-block. A k-block whose 64 rows
-// all lie in one set is one slice of 64 (one box per chunk, as unpacked); one that crosses a set's end is up to 4
-// slices of at most 16 rows, each its own 16-row box per chunk. next() calls f(i, set, row, valid) for each slice of
-// the next k-block (valid == BK: the whole k-block) and returns its k16 steps. An item has ceil(sum over sets of
-// ceil(rows / 16) / 4) k-blocks (packed_kblocks).
-struct PackCursor {
-  int s = -1;
-  int32_t row = 0, left = 0;
-  template <class F>
-  __device__ __forceinline__ int next(const Sched& sc, int E, int e, int sets, F&& f) {
-    int n = 0;
-    while (n < BK / 16) {
-      while (left <= 0 && s + 1 < sets) {
-        int32_t lo, hi;
-        set_rows(sc, E, ++s, e, lo, hi);
-        row = lo;
-        left = hi - lo;
-      }
-      if (left <= 0) break;
-      if (n == 0 && left >= BK) {
-        f(0, s, row, BK);
-        row += BK;
-        left -= BK;
-        return BK / 16;
-      }
-      f(n++, s, row, left < 16 ? left : 16);
-      row += 16;
-      left -= 16;
-    }
-    return n;
-  }
-};
-
-__host__ __device__ inline int32_t packed_kblocks(int32_t slices) { return (slices + BK / 16 - 1) / (BK / 16); }
 
 __device__ __forceinline__ void st_bf16x2(bf16* p, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
@@ -363,12 +323,6 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
       tma_prefetch_desc(&sm->a[s - 1]);
       tma_prefetch_desc(&sm->b[s - 1]);
     }
-    if (p.tail == kTailPack) {
-      for (int s = 0; s < p.sets; ++s) {
-        tma_prefetch_desc(&sm->a16[s]);
-        tma_prefetch_desc(&sm->b16[s]);
-      }
-    }
     if (p.prefetch) tma_prefetch_desc(&sm->pf);
   }
   const L2Hint ha = l2_hint(p.hint_a), hb = l2_hint(p.hint_b);
@@ -378,11 +332,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
   for (int item = unit0; item < ts.items; item += units_stride) {
     const Item it = decode_split<kMode, BN, kCl>(sc, p, ts, item, e, rank);
     SetCursor cur;
-    PackCursor pcur;
     for (int kb = it.kb0; kb < it.nk; ++kb) {
       mbar_wait(&empty[s], phase ^ 1u);
-      // Wgrad, kTailPack: its loads expect their own bytes (a k-block across a set's end brings only its slices').
-      if (kMode != Mode::kWgrad || p.tail != kTailPack) mbar_arrive_expect_tx(&full[s], C::kStageA + C::kStageB);
+      mbar_arrive_expect_tx(&full[s], C::kStageA + C::kStageB);
       const uint32_t a = smem + s * C::kStageA, b = smem + C::kOffB + s * C::kStageB;
       const uint32_t bar = smem_u32(&full[s]);
       const int32_t k0 = kb * BK;
@@ -418,44 +370,26 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
             tma_load_3d_multicast(b + c * kChunk, mB, bar, it.n0 + 64 * c, k0, it.e, 0x3, hb);
         }
       } else {
-        // Rows [r0, r0 + box rows) of one set into every chunk at byte offset `off` (its k-rows 16 * slice on).
-        auto load_rows = [&](const CUtensorMap* ma, const CUtensorMap* mb, int32_t r0, uint32_t off) {
-          if (kCl > 1 && p.pair_m) {  // its own dy tile; its half of the pair's x tile, to both CTAs
-            constexpr int kHalf = BN / 128;
+        int valid;
+        const int32_t r0 = cur.next(sc, p.E, it.e, valid);  // expert rows [r0, r0 + 64) of row set cur.s
+        const CUtensorMap* ma = cur.s == 0 ? mA : &sm->a[cur.s - 1];
+        const CUtensorMap* mb = cur.s == 0 ? mB : &sm->b[cur.s - 1];
+        if (kCl > 1 && p.pair_m) {  // its own dy tile; its half of the pair's x tile, to both CTAs
+          constexpr int kHalf = BN / 128;
 #pragma unroll
-            for (int c = 0; c < BM / 64; ++c) tma_load_2d(a + c * kChunk + off, ma, bar, it.m0 + 64 * c, r0, ha);
+          for (int c = 0; c < BM / 64; ++c) tma_load_2d(a + c * kChunk, ma, bar, it.m0 + 64 * c, r0, ha);
 #pragma unroll
-            for (int c = rank * kHalf; c < (rank + 1) * kHalf; ++c)
-              tma_load_2d_multicast(b + c * kChunk + off, mb, bar, it.n0 + 64 * c + (p.fault == 4 ? 64 : 0), r0,
-                                    0x3, hb);
-          } else {
-            if (kCl > 1) {
-              tma_load_2d_multicast(a + rank * kChunk + off, ma, bar, it.m0 + 64 * rank, r0, 0x3, ha);
-            } else {
-#pragma unroll
-              for (int c = 0; c < BM / 64; ++c) tma_load_2d(a + c * kChunk + off, ma, bar, it.m0 + 64 * c, r0, ha);
-            }
-#pragma unroll
-            for (int c = 0; c < BN / 64; ++c) tma_load_2d(b + c * kChunk + off, mb, bar, it.n0 + 64 * c, r0, hb);
-          }
-        };
-        if (p.tail == kTailPack) {
-          // Each slice's bytes are expected before its loads and the stage's one arrival after them all, so the
-          // phase cannot complete between slices (a peer's multicast may land first: the count dips below zero).
-          bool whole = false;
-          pcur.next(sc, p.E, it.e, p.sets, [&](int i, int set, int32_t r0, int32_t v) {
-            whole = v == BK;
-            if (whole) mbar_arrive_expect_tx(&full[s], C::kStageA + C::kStageB);
-            else mbar_expect_tx(&full[s], 16 * (BM + BN) * 2);
-            const CUtensorMap* ma = whole ? (set == 0 ? mA : &sm->a[set - 1]) : &sm->a16[set];
-            const CUtensorMap* mb = whole ? (set == 0 ? mB : &sm->b[set - 1]) : &sm->b16[set];
-            load_rows(ma, mb, r0, whole ? 0u : static_cast<uint32_t>(i * 16 * 128));
-          });
-          if (!whole) mbar_arrive(&full[s]);
+          for (int c = rank * kHalf; c < (rank + 1) * kHalf; ++c)
+            tma_load_2d_multicast(b + c * kChunk, mb, bar, it.n0 + 64 * c + (p.fault == 4 ? 64 : 0), r0, 0x3, hb);
         } else {
-          int valid;
-          const int32_t r0 = cur.next(sc, p.E, it.e, valid);  // expert rows [r0, r0 + 64) of row set cur.s
-          load_rows(cur.s == 0 ? mA : &sm->a[cur.s - 1], cur.s == 0 ? mB : &sm->b[cur.s - 1], r0, 0);
+          if (kCl > 1) {
+            tma_load_2d_multicast(a + rank * kChunk, ma, bar, it.m0 + 64 * rank, r0, 0x3, ha);
+          } else {
+#pragma unroll
+            for (int c = 0; c < BM / 64; ++c) tma_load_2d(a + c * kChunk, ma, bar, it.m0 + 64 * c, r0, ha);
+          }
+#pragma unroll
+          for (int c = 0; c < BN / 64; ++c) tma_load_2d(b + c * kChunk, mb, bar, it.n0 + 64 * c, r0, hb);
         }
       }
       if constexpr (kMode == Mode::kWgrad) {
@@ -510,18 +444,6 @@ __device__ __forceinline__ int wgrad_tail(uint8_t* smem, const Sched& sc, int ta
       zero_rows<BN>(smem, s, valid, 16 * steps, 0, kAll, ct, kConsumerThreads, 1);
   }
   return steps;
-}
-
-// Wgrad, kTailPack: zeroes the rows of slice i (k-rows [16 i, 16 i + 16) of stage s) past its valid ones, as
-// kTailSteps zeroes a tail: this warpgroup's A chunk where B's rows there are written, else both operands'.
-template <int BN>
-__device__ __forceinline__ void packed_slice_tail(uint8_t* smem, const Sched& sc, int s, int set, int32_t row,
-                                                  int valid, int i, int ct, int cw) {
-  constexpr int kAll = BM / 64 + BN / 64;
-  if (row + 16 <= sc.unk[set])
-    zero_rows<BN>(smem, s, 16 * i + valid, 16 * i + 16, cw, cw + 1, ct % 128, 128, 4 + cw);
-  else
-    zero_rows<BN>(smem, s, 16 * i + valid, 16 * i + 16, 0, kAll, ct, kConsumerThreads, 1);
 }
 
 // The k-block's first kSteps k16 wgmmas (all 4 but in a wgrad tail k-block).
@@ -674,7 +596,6 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
     for (int i = 0; i < C::kAcc; ++i) acc[i] = 0.f;
     int prev = 0;
     SetCursor cur;  // wgrad: each row set's last k-block may hold fewer than BK of the expert's rows
-    PackCursor pcur;  // wgrad, kTailPack
     for (int kb = it.kb0; kb < it.nk; ++kb) {
 #ifdef MXTRAIN_GG_CLOCKS
       const unsigned long long ck_w0 = clock64();
@@ -692,15 +613,9 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
 #endif
       int steps = BK / 16;
       if constexpr (kMode == Mode::kWgrad) {
-        if (p.tail == kTailPack) {
-          steps = pcur.next(sc, p.E, it.e, p.sets, [&](int i, int set, int32_t r0, int32_t v) {
-            if (v < 16) packed_slice_tail<BN>(smem_ptr, sc, s, set, r0, v, i, ct, cw);
-          });
-        } else {
-          int valid;
-          const int32_t r0 = cur.next(sc, p.E, it.e, valid);
-          if (valid < BK) steps = wgrad_tail<BN>(smem_ptr, sc, p.tail, s, cur.s, r0, valid, ct, cw);
-        }
+        int valid;
+        const int32_t r0 = cur.next(sc, p.E, it.e, valid);
+        if (valid < BK) steps = wgrad_tail<BN>(smem_ptr, sc, p.tail, s, cur.s, r0, valid, ct, cw);
       }
       // This warpgroup's 64 rows of A: rows 64cw.. of the K-major box, or the cw-th 64-wide M chunk.
       const uint32_t a = smem + s * C::kStageA + cw * kChunk;
@@ -1003,18 +918,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     sc.lo[e] = lo;
     sc.hi[e] = hi;
     if constexpr (kMode == Mode::kWgrad) {
-      const bool pack = p.tail == kTailPack;
-      const int32_t per = pack ? 16 : BK;  // k-blocks of each set, or k16 slices (packed)
-      int32_t nk = (hi - lo + per - 1) / per;
+      int32_t nk = (hi - lo + BK - 1) / BK;
       for (int s = 1; s < p.sets; ++s) {
         const int32_t ls = clamp_to(p.set_offsets[s][e], p.set_R[s]);
         int32_t hs = clamp_to(p.set_offsets[s][e + 1], p.set_R[s]);
         if (hs < ls) hs = ls;
         sc.slo[(s - 1) * p.E + e] = ls;
         sc.shi[(s - 1) * p.E + e] = hs;
-        nk += (hs - ls + per - 1) / per;
+        nk += (hs - ls + BK - 1) / BK;
       }
-      if (pack) nk = packed_kblocks(nk);
       sc.mtiles[e] = nk;
       // Overwriting: every dW[e] is stored, zeros where the expert has no rows.
       sc.cum[e + 1] = nk > 0 || p.overwrite ? p.m_tiles * p.n_units : 0;
@@ -1184,14 +1096,11 @@ bool swiglu_fused() {
   return v;
 }
 
-// Wgrad tail k-blocks (WgradTail): env MXTRAIN_GG_WGRAD_TAIL=pack (default) | steps | zero.
+// Wgrad tail k-blocks (WgradTail): env MXTRAIN_GG_WGRAD_TAIL=steps (default) | zero.
 int wgrad_tail_mode() {
   const int o = g_wgrad_tail.load();
   if (o >= 0) return o;
-  static const int v = [] {
-    const int i = env_choice("MXTRAIN_GG_WGRAD_TAIL", {"pack", "steps", "zero"});
-    return i == 0 ? kTailPack : i == 1 ? kTailSteps : kTailZero;
-  }();
+  static const int v = env_choice("MXTRAIN_GG_WGRAD_TAIL", {"steps", "zero"}) == 0 ? kTailSteps : kTailZero;
   return v;
 }
 
@@ -1541,8 +1450,8 @@ void set_grouped_tma_store(int on) { g_store.store(on < 0 ? 0 : on ? 1 : 2); }
 void set_grouped_wgrad_tma(int on) { g_wgrad_tma.store(on < 0 ? 0 : on ? 1 : 2); }
 void set_grouped_swiglu_fusion(int on) { g_swiglu.store(on < 0 ? 0 : on ? 1 : 2); }
 void set_grouped_wgrad_tail(int mode) {
-  if (mode < -1 || mode > 3)
-    cuda::fail("grouped_gemm_wgrad", "tail mode must be -1, 0, 1, 2 or 3, got " + std::to_string(mode));
+  if (mode < -1 || mode > 2)
+    cuda::fail("grouped_gemm_wgrad", "tail mode must be -1, 0, 1 or 2, got " + std::to_string(mode));
   g_wgrad_tail.store(mode);
 }
 void set_grouped_wgrad_pair(int mode) {
@@ -1625,10 +1534,6 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
   auto operand_maps = [&](const WgradRows& r, CUtensorMap& ma, CUtensorMap& mb) {
     return rows_map(ma, op, "dy", r.dy, M, r.R, BK) && rows_map(mb, op, "x", r.x, N, r.R, BK);
   };
-  const int tail = fault_injection() == 2 ? kTailNone : wgrad_tail_mode();
-  auto packed_maps = [&](const WgradRows& r, CUtensorMap& ma, CUtensorMap& mb) {  // kTailPack's 16-row slices
-    return tail != kTailPack || (rows_map(ma, op, "dy", r.dy, M, r.R, 16) && rows_map(mb, op, "x", r.x, N, r.R, 16));
-  };
   // dW [E, M, N] fp32, added to (or stored) in 16-column x 64-row boxes.
   const cuuint64_t c_dims[3] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
   const cuuint64_t c_strides[2] = {static_cast<cuuint64_t>(N) * 4, static_cast<cuuint64_t>(N * M) * 4};
@@ -1659,8 +1564,6 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
     if (!operand_maps(sets[first], L.ma, L.mb)) return false;
     for (int i = 1; i < n; ++i)
       if (!operand_maps(sets[first + i], L.rest.a[i - 1], L.rest.b[i - 1])) return false;
-    for (int i = 0; i < n; ++i)
-      if (!packed_maps(sets[first + i], L.rest.a16[i], L.rest.b16[i])) return false;
     Params& p = L.p;
     p.offsets = sets[first].offsets;
     p.E = static_cast<int32_t>(E);
@@ -1685,7 +1588,7 @@ bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out,
     p.prefetch = p.overwrite ? 0 : wgrad_prefetch();  // nothing to read when storing
     p.tma_store = wgrad_tma_epilogue() ? 1 : 0;
     p.fault = fault_injection();
-    p.tail = tail;
+    p.tail = p.fault == 2 ? kTailNone : wgrad_tail_mode();
     p.out = dW;
     p.sumsq = sumsq;
     launches.push_back(L);

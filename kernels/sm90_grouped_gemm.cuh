@@ -37,11 +37,9 @@ void set_grouped_wgrad_tma(int on);
 // SwiGLU fused into the expert GEMMs' epilogues (try_grouped_fwd_swiglu, try_grouped_dgrad_swiglu): 1 = on,
 // 0 = off (default; env MXTRAIN_GG_SWIGLU=separate|fused), -1 restores the env var's choice.
 void set_grouped_swiglu_fusion(int on);
-// Weight-gradient tail k-blocks (a row set's last of an expert): 3 = packed: a set's last rows share a k-block with
-// the next set's first, in 16-row slices (default; env MXTRAIN_GG_WGRAD_TAIL=pack), 0 = only the wgmmas over its
-// rows, each warpgroup zeroing up to 15 rows of its dy chunk (steps), 1 = zero the other rows of both operands, all
-// 4 wgmmas (zero), 2 = leave them (wrong sums: timing only), -1 restores the env var's choice. 0, 1 and 3 give the
-// same sums bit for bit.
+// Weight-gradient tail k-blocks (a row set's last of an expert): 0 = only the wgmmas over its rows, each warpgroup
+// zeroing up to 15 rows of its dy chunk (default; env MXTRAIN_GG_WGRAD_TAIL=steps), 1 = zero the other rows of both
+// operands, all 4 wgmmas (zero), 2 = leave them (wrong sums: timing only), -1 restores the env var's choice.
 void set_grouped_wgrad_tail(int mode);
 // Weight-gradient CTA pairs: 1 = over two m-tiles sharing the x tile (default; env MXTRAIN_GG_WGRAD_PAIR=m; where the
 // m-tiles pair evenly, else over n-tiles), 0 = over two n-tiles sharing the dy tile (n), -1 restores the env var's
