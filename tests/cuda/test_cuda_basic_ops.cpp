@@ -469,6 +469,21 @@ std::vector<float> after_zeros(const std::vector<float>& a, int64_t offset) {
   b.insert(b.end(), a.begin(), a.end());
   return b;
 }
+
+// after_zeros(a, offset) on the device, as dtype t.
+DeviceTensor upload_after(Ops& gpu, const std::vector<float>& a, DType t, int64_t offset) {
+  return upload(gpu, after_zeros(a, offset), t, {static_cast<int64_t>(a.size()) + offset});
+}
+
+// Random AdamW operands of n elements from seeds seed .. seed + 3: parameter, gradient, and moments (v >= 0).
+struct AdamWOperands {
+  std::vector<float> p, g, m, v;
+};
+AdamWOperands adamw_operands(int64_t n, uint32_t seed) {
+  AdamWOperands o{randn(n, seed), randn(n, seed + 1, 2.f), randn(n, seed + 2, 0.1f), randn(n, seed + 3, 0.1f)};
+  for (auto& e : o.v) e = e * e;
+  return o;
+}
 // A device buffer's elements from `offset` on.
 std::vector<float> from_offset(Ops& gpu, const DeviceTensor& d, int64_t offset) {
   auto all = download(gpu, d.t);
@@ -498,14 +513,11 @@ TEST(CudaBasicOps, AdamWMatchesCpu) {
   s.grad_scale = 0.5f;
   for (int64_t n : {int64_t{1000003}, int64_t{5}}) {
     for (int64_t offset : {0, 1}) {  // offset 1: misaligned for float4, exercising the scalar path
-      auto p = randn(n, 101), g = randn(n, 102, 2.f), m = randn(n, 103, 0.1f), v = randn(n, 104, 0.1f);
-      for (auto& e : v) e = e * e;
+      auto [p, g, m, v] = adamw_operands(n, 101);
       std::vector<float> rp(p), rm(m), rv(v);
       cpu->adamw_step(host(rp, {n}), host(g, {n}), host(rm, {n}), host(rv, {n}), s);
-      auto pad = [&](const std::vector<float>& a) { return after_zeros(a, offset); };
-      const int64_t N = n + offset;
-      auto gp = upload(*gpu, pad(p), DType::F32, {N}), gg = upload(*gpu, pad(g), DType::F32, {N});
-      auto gm = upload(*gpu, pad(m), DType::F32, {N}), gv = upload(*gpu, pad(v), DType::F32, {N});
+      auto gp = upload_after(*gpu, p, DType::F32, offset), gg = upload_after(*gpu, g, DType::F32, offset);
+      auto gm = upload_after(*gpu, m, DType::F32, offset), gv = upload_after(*gpu, v, DType::F32, offset);
       auto view = [&](const DeviceTensor& d) { return d.t.rows(offset, n); };
       gpu->adamw_step(view(gp), view(gg), view(gm), view(gv), s);
       auto tail = [&](const DeviceTensor& d) { return from_offset(*gpu, d, offset); };
@@ -535,8 +547,7 @@ TEST(CudaBasicOps, AdamWBf16MomentsMatchCpu) {
   s.grad_scale = 0.6f;
   for (int64_t n : {int64_t{1000003}, int64_t{7}}) {
     for (int64_t offset : {0, 1}) {
-      auto p = randn(n, 301), g = randn(n, 302, 2.f), m = randn(n, 303, 0.1f), v = randn(n, 304, 0.1f);
-      for (auto& e : v) e = e * e;
+      auto [p, g, m, v] = adamw_operands(n, 301);
       round_bf16(m);
       round_bf16(v);
       std::vector<uint16_t> mb(n), vb(n);
@@ -544,11 +555,9 @@ TEST(CudaBasicOps, AdamWBf16MomentsMatchCpu) {
       std::vector<float> rp(p);
       cpu->adamw_step(host(rp, {n}), host(g, {n}), Tensor(mb.data(), DType::BF16, {n}),
                       Tensor(vb.data(), DType::BF16, {n}), s);
-      auto pad = [&](const std::vector<float>& a) { return after_zeros(a, offset); };
-      const int64_t N = n + offset;
-      auto gp = upload(*gpu, pad(p), DType::F32, {N}), gg = upload(*gpu, pad(g), DType::F32, {N});
-      auto gm = upload(*gpu, pad(m), DType::BF16, {N}), gv = upload(*gpu, pad(v), DType::BF16, {N});
-      auto w = upload(*gpu, std::vector<float>(N, -7.f), DType::BF16, {N});
+      auto gp = upload_after(*gpu, p, DType::F32, offset), gg = upload_after(*gpu, g, DType::F32, offset);
+      auto gm = upload_after(*gpu, m, DType::BF16, offset), gv = upload_after(*gpu, v, DType::BF16, offset);
+      auto w = upload(*gpu, std::vector<float>(n + offset, -7.f), DType::BF16, {n + offset});
       auto view = [&](const DeviceTensor& d) { return d.t.rows(offset, n); };
       gpu->adamw_step_to(view(gp), view(gg), view(gm), view(gv), s, view(w));
       auto tail = [&](const DeviceTensor& d) { return from_offset(*gpu, d, offset); };
