@@ -11,7 +11,9 @@
 //                                   1: D=64 8 warps x 16 keys, 64-row Q tiles (1.8); D=128 4 warps x 16 keys,
 //                                      32-row Q tiles (1.6, 2 blocks per SM)
 // Before either, for head_dim 128 without a document mask and seq a multiple of 128, the wgmma kernels of
-// attention_dkv_sm90.cu and attention_dq_sm90.cu (MXTRAIN_ATTENTION_DKV / _DQ = auto|wgmma|mma).
+// attention_dkv_sm90.cu and attention_dq_sm90.cu (MXTRAIN_ATTENTION_DKV / _DQ = auto|wgmma|mma); and before those,
+// where its tiles fit (mxtrain/attention_ds.hpp), the wgmma dK/dV kernel storing dS and dQ made from it after it
+// (attention_dq_ds_sm90.cu, MXTRAIN_ATTENTION_DS=auto|on|off).
 #include <cmath>
 
 #include "attention_common.cuh"
@@ -158,6 +160,12 @@ void CudaOps::attention_backward(const AttnShape& s, const Tensor& dout, const T
   }
 
   if (use_flash(G.D, op)) {
+    if (const int64_t ds_bytes = bwd_ds_bytes(G, p, ctx().device)) {
+      p.ds = static_cast<uint16_t*>(ctx().scratch("attn_bwd_ds", static_cast<size_t>(ds_bytes)));
+      if (!try_dkv_sm90(G, p, ctx().device, st)) cuda::fail(op, "the dS tiles need the wgmma dK/dV kernel");
+      launch_dq_ds_sm90(G, p, st);
+      return;
+    }
     const int variant = flash_variant(op);
     const bool concurrent = bwd_concurrent(op);
     if (G.D == 64) run_bwd_flash<64>(G, p, variant, ctx(), concurrent);

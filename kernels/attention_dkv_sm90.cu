@@ -15,6 +15,8 @@
 //     shared memory), the causal mask and P^T, dS^T in registers, then dV += P^T dO and dK += dS^T Q (wgmma
 //     m64n128k16 with P^T / dS^T as the register A operand: an accumulator's n8 blocks are already the A
 //     fragment layout, packed to bf16 as the mma.sync kernel does; Q and dO read N-major).
+//   With p.ds set, each step's bf16 dS^T (the dK product's operand) is also stored as a [64 keys][64 queries]
+//     tile (mxtrain/attention_ds.hpp), so that dQ needs no second pass over the scores (attention_dq_ds_sm90.cu).
 // Shared tiles are [64 rows][64 bf16] boxes with 128-byte swizzle (TMA), read through the same descriptors as
 // the grouped GEMM: K-major for the first two products, N-major (LBO = one box) for the last two.
 #include <cuda.h>
@@ -24,6 +26,7 @@
 #include <string>
 
 #include "attention_sm90.hpp"
+#include "mxtrain/attention_ds.hpp"
 #include "attention_sm90_common.cuh"
 #include "sm90_ptx.cuh"
 #include "sm90_wgmma.cuh"
@@ -101,6 +104,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int w = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
   const int g = lane / 4, c4 = lane % 4;
   const int key0 = k0 + 64 * w + 16 * warp + g;  // this thread's keys: key0 and key0 + 8
+  // dS tiles: this warpgroup's key block, the thread's first key within it.
+  uint16_t* const ds_base = p.ds;
+  const int nb = S / 64, key_blk = k0 / 64 + w, key_l = 16 * warp + g;
+  const int64_t ds_tiles = attention_ds_tiles_per_head(nb);
   float dk[64], dv[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
@@ -154,6 +161,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t fp[4][4], fd[4][4];
     sm90k::pack_a_frags(sa, fp);
     sm90k::pack_a_frags(pa, fd);
+    if (ds_base != nullptr) {  // the bf16 dS^T the dK product uses, for the dQ kernel (attention_dq_ds_sm90.cu)
+      const int h = kvh * group + step / n_qt;
+      uint16_t* tile = ds_base + (static_cast<int64_t>(b * p.H + h) * ds_tiles + attention_ds_tile(nb, key_blk, m0 / kBM)) *
+                                     (64 * 64) + static_cast<int64_t>(key_l) * 64 + 2 * c4;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)  // fd[kk][r]: keys + 8 (r & 1), queries 8 (2 kk + r / 2) + 2 c4 and + 1
+          *reinterpret_cast<uint32_t*>(tile + (r & 1) * 8 * 64 + 8 * (2 * kk + r / 2)) = fd[kk][r];
+    }
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {

@@ -27,6 +27,7 @@ struct BwdParams {
   uint16_t* dk;          // [B*S, KVH, D]
   uint16_t* dv;          // [B*S, KVH, D]
   const int32_t* doc;    // [B*S] or null
+  uint16_t* ds;          // null, or the Hopper dK/dV kernel stores its dS^T tiles here (mxtrain/attention_ds.hpp)
   int B, S, H, KVH;
   float scale, scale_log2;
 };

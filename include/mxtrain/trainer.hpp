@@ -152,8 +152,13 @@ struct MemoryPlan {
   DType act_dtype = DType::F32;     // the backend's activation / working-weight dtype the plan is for
   size_t scratch_bytes = 0;  // the ops' own temporaries: the LM-head loss's logits chunk and per-token losses
   int64_t lm_head_rows = 0;  // tokens per LM-head chunk (lm_head_chunk_rows)
+  // The attention backward's dS tiles (mxtrain/attention_ds.hpp) on a bf16 backend where the shape allows them
+  // (counted wherever it does; a GPU without sm_90a kernels recomputes instead and leaves them unallocated).
+  size_t attention_ds_bytes = 0;
   std::vector<std::pair<std::string, size_t>> largest;  // biggest activation buffers
-  size_t total_bytes() const { return param_bytes + fp8_weight_bytes + activation_bytes + scratch_bytes; }
+  size_t total_bytes() const {
+    return param_bytes + fp8_weight_bytes + activation_bytes + scratch_bytes + attention_ds_bytes;
+  }
 };
 MemoryPlan plan_memory(const TrainConfig& cfg, Ops& ops);
 // The plan for a backend whose activations (and working weights) are act_dtype (CPU: F32, CUDA: BF16), without

@@ -1,7 +1,8 @@
 // Attention benchmark (one GPU): causal GQA forward, backward and forward+backward at B=1, S=4096 for the
 // 8x1B shape (16 heads, 8 KV heads, head_dim 128), the 8x7B shape (32 / 8 / 128) and head_dim 64 (16 / 8 and
-// 32 / 8), for each kernel set the dispatch offers (flash variant 0 = default, the same with the backward's dQ
-// kernel after its dK/dV kernel instead of beside it, the same with the mma.sync dQ kernel, with both mma.sync
+// 32 / 8), for each kernel set the dispatch offers (flash variant 0 = default: at head_dim 128 dQ from the dK/dV
+// kernel's dS tiles; the same with the recomputing dQ kernel beside the dK/dV kernel (recompute-dq) and after it
+// (one-stream), the same with the mma.sync dQ kernel, with both mma.sync
 // backward kernels instead of the wgmma ones, the wgmma forward at 64 keys per step and at 128 with a 3-stage
 // ring, flash variant 1, reference), plus the default kernels on packed rows (documents of 1024 tokens).
 // FLOPs (the usual causal convention): forward 4 * B * H * S^2 * D / 2, backward 2.5x that; with documents,
@@ -102,6 +103,7 @@ struct Impl {
   const char* dq_sched = "pingpong";   // MXTRAIN_ATTENTION_DQ_SCHED
   const char* fwd_keys = "";           // MXTRAIN_ATTENTION_FWD_KEYS (empty: the default)
   const char* fwd_stages = "";         // MXTRAIN_ATTENTION_FWD_STAGES
+  const char* ds = "auto";             // MXTRAIN_ATTENTION_DS
 };
 
 void set_impl(const Impl& im) {
@@ -115,6 +117,7 @@ void set_impl(const Impl& im) {
   setenv("MXTRAIN_ATTENTION_DQ_SCHED", im.dq_sched, 1);
   setenv("MXTRAIN_ATTENTION_FWD_KEYS", im.fwd_keys, 1);
   setenv("MXTRAIN_ATTENTION_FWD_STAGES", im.fwd_stages, 1);
+  setenv("MXTRAIN_ATTENTION_DS", im.ds, 1);
 }
 
 // Median and min of `runs` timings (ms) of fn on the op stream, after `warm` untimed calls.
@@ -159,7 +162,11 @@ int run(int argc, char** argv) {
     return 1;
   }
   const ShapeDef shapes[] = {{"8x1B", 16, 8, 128}, {"8x7B", 32, 8, 128}, {"d64", 16, 8, 64}, {"d64h32", 32, 8, 64}};
-  const Impl impls[] = {{"flash-v0", "flash", "0", false}, {"flash-v0 one-stream", "flash", "0", false, "0"},
+  const Impl impls[] = {{"flash-v0", "flash", "0", false},
+                        {"flash-v0 recompute-dq", "flash", "0", false, "1", "auto", "auto", "auto", "pingpong",
+                         "pingpong", "", "", "off"},
+                        {"flash-v0 one-stream", "flash", "0", false, "0", "auto", "auto", "auto", "pingpong",
+                         "pingpong", "", "", "off"},
                         {"flash-v0 mma-dq", "flash", "0", false, "1", "auto", "mma"},
                         {"flash-v0 mma", "flash", "0", false, "1", "mma", "mma"},
                         {"flash-v0 mma-fwd", "flash", "0", false, "1", "auto", "auto", "mma"},
@@ -260,6 +267,7 @@ int run(int argc, char** argv) {
   unsetenv("MXTRAIN_ATTENTION_DKV");
   unsetenv("MXTRAIN_ATTENTION_DQ");
   unsetenv("MXTRAIN_ATTENTION_FWD");
+  unsetenv("MXTRAIN_ATTENTION_DS");
   return 0;
 }
 

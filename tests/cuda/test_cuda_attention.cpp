@@ -13,8 +13,9 @@
 // Document masks (AttnShape::doc_ids, packed rows): the same comparisons against the CPU twin given the same ids,
 // for short, long, tile-aligned and single-token documents. Head dims 64 and 128 run the flash kernels by
 // default; the *Reference* and *Variant1* tests run the same cases through MXTRAIN_ATTENTION=reference and
-// MXTRAIN_ATTENTION_VARIANT=1 (with the mma.sync forward forced where the Hopper one would apply), and *Wgmma* the
-// Hopper forward and backward kernels, so every kernel the dispatch can pick is checked.
+// MXTRAIN_ATTENTION_VARIANT=1 (with the mma.sync forward forced where the Hopper one would apply), *Wgmma* the
+// Hopper forward and backward kernels, and *DqFromDsTiles* dQ from the dK/dV kernel's dS tiles (the default on
+// Hopper where it applies), so every kernel the dispatch can pick is checked.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -476,15 +477,63 @@ TEST(CudaAttention, WgmmaRequiredWhereItDoesNotApply) {
     }
   }
   gpu->attention_forward(s, q, k, v, o, l);
-  for (const char* var : {"MXTRAIN_ATTENTION_DKV", "MXTRAIN_ATTENTION_DQ"}) {
+  const char* required[][2] = {
+      {"MXTRAIN_ATTENTION_DKV", "wgmma"}, {"MXTRAIN_ATTENTION_DQ", "wgmma"}, {"MXTRAIN_ATTENTION_DS", "on"}};
+  for (const auto& [var, value] : required) {
     SCOPED_TRACE(var);
-    ScopedEnv env(var, "wgmma");
+    ScopedEnv env(var, value);
     try {
       gpu->attention_backward(s, o, q, k, v, o, l, dq, dk, dv);
       FAIL() << "no error";
     } catch (const std::runtime_error& e) {
       EXPECT_NE(std::string(e.what()).find("seq 300"), std::string::npos) << e.what();
     }
+  }
+}
+
+// dQ from the dK/dV kernel's dS tiles (MXTRAIN_ATTENTION_DS=on): against the CPU twin over GQA groups of 1, 2 and
+// 4, two batch rows, a peaky softmax and the smallest seq; then beside the recomputing dQ kernel on the same
+// inputs: dK and dV bit for bit (the dK/dV kernel only adds the tiles' stores), dQ within the bf16 rounding of dS
+// (the two kernels form the scores in different orders).
+TEST(CudaAttention, DqFromDsTiles) {
+  MXT_REQUIRE_SM90();
+  {
+    ScopedEnv ds("MXTRAIN_ATTENTION_DS", "on");
+    run_case({1, 256, 4, 2, 128, 1.f}, 1700);
+    run_case({2, 384, 8, 2, 128, 1.f}, 1710);
+    run_case({1, 1024, 4, 4, 128, 1.f}, 1720);
+    run_case({1, 512, 8, 2, 128, 3.f}, 1730);
+    run_case({1, 128, 4, 1, 128, 1.f}, 1740);
+  }
+  struct Shape { int64_t B, S, H, KVH; };
+  for (const Shape c : {Shape{1, 128, 2, 1}, Shape{2, 640, 4, 2}, Shape{1, 2048, 8, 2}}) {
+    SCOPED_TRACE("B=" + std::to_string(c.B) + " S=" + std::to_string(c.S) + " H=" + std::to_string(c.H));
+    auto gpu = make_cuda_ops();
+    const int64_t T = c.B * c.S, D = 128;
+    const AttnShape s{c.B, c.S, c.H, c.KVH, D, {}};
+    auto q = upload(*gpu, rounded_randn(T * c.H * D, 1750, 1.f), DType::BF16, {T, c.H, D});
+    auto k = upload(*gpu, rounded_randn(T * c.KVH * D, 1751, 1.f), DType::BF16, {T, c.KVH, D});
+    auto v = upload(*gpu, rounded_randn(T * c.KVH * D, 1752, 1.f), DType::BF16, {T, c.KVH, D});
+    auto dout = upload(*gpu, rounded_randn(T * c.H * D, 1753, 1.f), DType::BF16, {T, c.H, D});
+    DeviceTensor o(*gpu, DType::BF16, {T, c.H, D}), l(*gpu, DType::F32, {c.B, c.H, c.S});
+    gpu->attention_forward(s, q, k, v, o, l);
+    std::vector<float> dq[2], dk[2], dv[2];
+    for (int tiles = 0; tiles < 2; ++tiles) {
+      ScopedEnv ds("MXTRAIN_ATTENTION_DS", tiles ? "on" : "off");
+      auto g = upload(*gpu, rounded_randn(T * c.H * D, 1754 + tiles, 100.f), DType::BF16, {T, c.H, D});
+      auto gk = upload(*gpu, rounded_randn(T * c.KVH * D, 1756 + tiles, 100.f), DType::BF16, {T, c.KVH, D});
+      auto gv = upload(*gpu, rounded_randn(T * c.KVH * D, 1758 + tiles, 100.f), DType::BF16, {T, c.KVH, D});
+      gpu->attention_backward(s, dout, q, k, v, o, l, g, gk, gv);
+      dq[tiles] = download(*gpu, g);
+      dk[tiles] = download(*gpu, gk);
+      dv[tiles] = download(*gpu, gv);
+    }
+    EXPECT_EQ(0, std::memcmp(dk[0].data(), dk[1].data(), dk[0].size() * 4)) << "dk differs";
+    EXPECT_EQ(0, std::memcmp(dv[0].data(), dv[1].data(), dv[0].size() * 4)) << "dv differs";
+    const double r = rel_l2(dq[1], dq[0]);
+    std::printf("[attention dS tiles B%lld S%lld H%lld] dq rel L2 against the recomputing kernel %.2e\n",
+                static_cast<long long>(c.B), static_cast<long long>(c.S), static_cast<long long>(c.H), r);
+    EXPECT_LT(r, 2e-3);
   }
 }
 

@@ -1,0 +1,40 @@
+#pragma once
+// The attention backward's dS tiles (Hopper, head_dim 128): the dK/dV kernel stores each dS^T block it computes,
+// and dQ = scale dS K is then one product per block instead of recomputing S, P and dP (attention_dq_ds_sm90.cu).
+// Pure C++ (the memory plan and host tests use it; MXT_HD marks what device code calls as well).
+//
+// Layout: per (batch row, head), the [64 keys][64 queries] bf16 tiles of key block kb (64 keys) and query block qb
+// with qb >= 2 * floor(kb / 2): the blocks the dK/dV kernel visits (its CTAs take 128 keys and every 64-query
+// block from their first key on, the diagonal's masked half included). Key block kb holds nb - 2 * floor(kb / 2)
+// tiles, qb ascending; the key blocks follow each other, nb = S / 64 (even: S is a multiple of 128).
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define MXT_HD __host__ __device__
+#else
+#define MXT_HD
+#endif
+
+namespace mxt {
+
+// Tiles of one (batch row, head): nb^2 / 2 + nb.
+MXT_HD inline int64_t attention_ds_tiles_per_head(int64_t nb) { return nb * nb / 2 + nb; }
+
+// Index of tile (kb, qb) within its (batch row, head); needs qb >= 2 * floor(kb / 2).
+MXT_HD inline int64_t attention_ds_tile(int64_t nb, int64_t kb, int64_t qb) {
+  const int64_t t = kb / 2, r = kb % 2;
+  return 2 * t * nb - 2 * t * (t - 1) + r * (nb - 2 * t) + (qb - 2 * t);
+}
+
+// Above this the backward recomputes dQ's scores instead (seq 4096 x 32 heads takes 0.55 GB; 8192 x 32, 2.2 GB).
+inline constexpr int64_t kAttentionDsMaxBytes = int64_t{1} << 31;
+
+// Bytes of the dS tiles for B rows of S tokens and H query heads of head_dim D, or 0 where the tiled path does not
+// apply by shape (head_dim 128, S a positive multiple of 128, at most kAttentionDsMaxBytes).
+inline int64_t attention_ds_bytes(int64_t B, int64_t S, int64_t H, int64_t D) {
+  if (D != 128 || S <= 0 || S % 128 != 0 || B <= 0 || H <= 0) return 0;
+  const int64_t bytes = B * H * attention_ds_tiles_per_head(S / 64) * 64 * 64 * 2;
+  return bytes <= kAttentionDsMaxBytes ? bytes : 0;
+}
+
+}  // namespace mxt
