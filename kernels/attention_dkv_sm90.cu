@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90k::pack_a_frags(pa, fd);
     if (ds_base != nullptr) {  // the bf16 dS^T the dK product uses, for the dQ kernel (attention_dq_ds_sm90.cu)
       const int h = kvh * group + step / n_qt;
-      uint16_t* tile = ds_base + (static_cast<int64_t>(b * p.H + h) * ds_tiles + attention_ds_tile(nb, key_blk, m0 / kBM)) *
-                                     (64 * 64) + static_cast<int64_t>(key_l) * 64 + 2 * c4;
+      const int64_t t = static_cast<int64_t>(b * p.H + h) * ds_tiles + attention_ds_tile(nb, key_blk, m0 / kBM);
+      uint16_t* tile = ds_base + t * (64 * 64) + key_l * 64 + 2 * c4;
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
 #pragma unroll

@@ -139,7 +139,8 @@ int64_t bwd_ds_bytes(const Geom& G, const BwdParams& p, int device) {
   if (mode == sm90k::Mode::Auto && named) return 0;
   std::string why;
   const int64_t bytes = attention_ds_bytes(G.B, G.S, G.H, G.D);
-  if (env_is("MXTRAIN_ATTENTION_DKV", "mma")) why = "MXTRAIN_ATTENTION_DKV=mma (the tiles come from the wgmma dK/dV kernel)";
+  if (env_is("MXTRAIN_ATTENTION_DKV", "mma"))
+    why = "MXTRAIN_ATTENTION_DKV=mma (the tiles come from the wgmma dK/dV kernel)";
   else if (bytes == 0)
     why = G.D == kD && G.S % 128 == 0 ? "the tiles would take more than " +
                                             std::to_string(kAttentionDsMaxBytes >> 20) + " MiB"

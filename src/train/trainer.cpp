@@ -714,8 +714,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
   p.lm_head_rows = chunk_used ? lm_head_chunk_rows(T, cfg.lm_head_chunk_tokens) : 0;
   p.scratch_bytes = static_cast<size_t>(p.lm_head_rows * cfg.model.vocab_size) * act + static_cast<size_t>(T) * sizeof(float);
   if (act_dtype == DType::BF16)
-    p.attention_ds_bytes = static_cast<size_t>(attention_ds_bytes(cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
-                                                                  cfg.model.num_attention_heads, cfg.model.head_dim()));
+    p.attention_ds_bytes = static_cast<size_t>(attention_ds_bytes(
+        cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length, cfg.model.num_attention_heads, cfg.model.head_dim()));
   std::vector<std::pair<std::string, size_t>> all;
   for (const auto& e : planned.arena().entries()) all.emplace_back(e.name, e.bytes);
   std::sort(all.begin(), all.end(), [](auto& a, auto& b) { return a.second > b.second; });

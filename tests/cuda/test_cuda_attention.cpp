@@ -590,6 +590,15 @@ TEST(CudaAttention, RejectsBadEnvironment) {
       EXPECT_NE(std::string(e.what()).find("MXTRAIN_ATTENTION_VARIANT=7"), std::string::npos) << e.what();
     }
   }
+  {
+    ScopedEnv env("MXTRAIN_ATTENTION_DS", "fast");
+    try {
+      gpu->attention_backward(s, o, q, k, v, o, l, q, k, v);
+      FAIL() << "MXTRAIN_ATTENTION_DS=fast accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("MXTRAIN_ATTENTION_DS=fast"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(CudaAttention, RejectsUnsupportedHeadDim) {
