@@ -26,8 +26,8 @@
 #include <string>
 
 #include "attention_sm90.hpp"
-#include "mxtrain/attention_ds.hpp"
 #include "attention_sm90_common.cuh"
+#include "mxtrain/attention_ds.hpp"
 #include "sm90_ptx.cuh"
 #include "sm90_wgmma.cuh"
 
