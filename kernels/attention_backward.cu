@@ -11,9 +11,9 @@
 //                                   1: D=64 8 warps x 16 keys, 64-row Q tiles (1.8); D=128 4 warps x 16 keys,
 //                                      32-row Q tiles (1.6, 2 blocks per SM)
 // Before either, for head_dim 128 without a document mask and seq a multiple of 128, the wgmma kernels of
-// attention_dkv_sm90.cu and attention_dq_sm90.cu (MXTRAIN_ATTENTION_DKV / _DQ = auto|wgmma|mma); and before those,
-// where its tiles fit (mxtrain/attention_ds.hpp), the wgmma dK/dV kernel storing dS and dQ made from it after it
-// (attention_dq_ds_sm90.cu, MXTRAIN_ATTENTION_DS=auto|on|off).
+// attention_dkv_sm90.cu (also head_dim 64) and attention_dq_sm90.cu (MXTRAIN_ATTENTION_DKV / _DQ =
+// auto|wgmma|mma); and before those, at head_dim 64 and 128 where its tiles fit (mxtrain/attention_ds.hpp), the
+// wgmma dK/dV kernel storing dS and dQ made from it after it (attention_dq_ds_sm90.cu, MXTRAIN_ATTENTION_DS).
 #include <cmath>
 
 #include "attention_common.cuh"

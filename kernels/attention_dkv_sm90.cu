@@ -1,9 +1,9 @@
-// Attention backward dK / dV on Hopper (sm_90a) with wgmma, for head_dim 128, causal, GQA, no document mask,
-// S a multiple of 128 (the training shapes); everything else keeps the mma.sync kernel (attention_flash_bwd.cuh),
+// Attention backward dK / dV on Hopper (sm_90a) with wgmma, for head_dim 64 and 128, causal, GQA, no document
+// mask, S a multiple of 128 (the training shapes); everything else keeps the mma.sync kernel (attention_flash_bwd.cuh),
 // whose recipe this follows: P recomputed from the forward's lse, dS = P * (dP - delta), dV = P^T dO,
 // dK = scale dS^T Q, the GQA sum over the query heads of a KV head accumulated in registers (no atomics).
 //
-// CTA: 2 warpgroups (256 threads, up to 255 registers each: the 192 fp32 accumulators of a step stay in
+// CTA: 2 warpgroups (256 threads, up to 255 registers each: at head_dim 128 the 192 fp32 accumulators of a step stay in
 // registers and ptxas keeps the wgmmas asynchronous; a third, producer warp would not fit the register file of
 // an SM sub-partition at that count), one CTA per (128-key tile, batch, KV head), the first key tiles (most
 // queries) first.
@@ -39,21 +39,33 @@ using sm90k::kD;
 constexpr int kBN = 128;                 // keys per CTA: 2 consumer warpgroups x 64
 constexpr int kBM = 64;                  // queries per step
 constexpr int kStages = 3;
-constexpr int kOffV = 4 * kBox;          // K: boxes [warpgroup][d chunk], then V the same
-constexpr int kOffStages = 8 * kBox;
-constexpr int kStageQ = 0, kStageDO = 2 * kBox, kStageStat = 4 * kBox;  // lse2[64], delta[64]
-constexpr int kStageBytes = 4 * kBox + 1024;  // stats padded so every stage stays 1024-byte aligned
-constexpr int kStageTx = 4 * kBox + 2 * kBM * 4;
-constexpr int kOffBar = kOffStages + kStages * kStageBytes;
-constexpr int kSmem = kOffBar + (2 * kStages + 1) * 8 + 1024;  // + slack for 1024-byte alignment
 constexpr int kThreads = 256;
+
+// Shared memory for head_dim kDim (kC = kDim / 64 boxes per row tile): K boxes [warpgroup][d chunk], then V the
+// same, then the ring's stages (Q, dO, lse2[64] and delta[64]).
+template <int kDim>
+struct Layout {
+  static constexpr int kC = kDim / 64;
+  static constexpr int kOffV = 2 * kC * kBox;
+  static constexpr int kOffStages = 4 * kC * kBox;
+  static constexpr int kStageQ = 0, kStageDO = kC * kBox, kStageStat = 2 * kC * kBox;
+  static constexpr int kStageBytes = 2 * kC * kBox + 1024;  // stats padded so every stage stays 1024-byte aligned
+  static constexpr int kStageTx = 2 * kC * kBox + 2 * kBM * 4;
+  static constexpr int kOffBar = kOffStages + kStages * kStageBytes;
+  static constexpr int kSmem = kOffBar + (2 * kStages + 1) * 8 + 1024;  // + slack for 1024-byte alignment
+};
 
 using sm90k::TMaps;
 
+template <int kDim>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_bwd_dkv_sm90_kernel(const __grid_constant__ TMaps maps, const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace mxt::sm90;
+  using L = Layout<kDim>;
+  constexpr int kC = L::kC, kOffV = L::kOffV, kOffStages = L::kOffStages, kStageQ = L::kStageQ;
+  constexpr int kStageDO = L::kStageDO, kStageStat = L::kStageStat, kStageBytes = L::kStageBytes;
+  constexpr int kOffBar = L::kOffBar;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   uint8_t* smem_ptr = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
@@ -79,11 +91,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue = [&](int step, int st_i) {
     const int h = kvh * group + step / n_qt;
     const int m0 = (m_first + step % n_qt) * kBM;
-    mbar_arrive_expect_tx(&full[st_i], kStageTx);
+    mbar_arrive_expect_tx(&full[st_i], L::kStageTx);
     const uint32_t st = smem + kOffStages + st_i * kStageBytes, bar = smem_u32(&full[st_i]);
-    for (int c = 0; c < 2; ++c) {
-      tma_load_2d(st + kStageQ + c * kBox, &maps.q, bar, h * kD + 64 * c, b * S + m0);
-      tma_load_2d(st + kStageDO + c * kBox, &maps.dout, bar, h * kD + 64 * c, b * S + m0);
+    for (int c = 0; c < kC; ++c) {
+      tma_load_2d(st + kStageQ + c * kBox, &maps.q, bar, h * kDim + 64 * c, b * S + m0);
+      tma_load_2d(st + kStageDO + c * kBox, &maps.dout, bar, h * kDim + 64 * c, b * S + m0);
     }
     const int64_t stat = (static_cast<int64_t>(b) * p.H + h) * S + m0;
     bulk_load(st + kStageStat, p.lse2 + stat, kBM * 4, bar);
@@ -91,12 +103,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   if (tid == 0) {
     const int32_t row_k = b * S + k0;
-    mbar_arrive_expect_tx(kv_full, 8 * kBox);
+    mbar_arrive_expect_tx(kv_full, 4 * kC * kBox);
     const uint32_t kvb = smem_u32(kv_full);
     for (int w = 0; w < 2; ++w)
-      for (int c = 0; c < 2; ++c) {
-        tma_load_2d(smem + (2 * w + c) * kBox, &maps.k, kvb, kvh * kD + 64 * c, row_k + 64 * w);
-        tma_load_2d(smem + kOffV + (2 * w + c) * kBox, &maps.v, kvb, kvh * kD + 64 * c, row_k + 64 * w);
+      for (int c = 0; c < kC; ++c) {
+        tma_load_2d(smem + (kC * w + c) * kBox, &maps.k, kvb, kvh * kDim + 64 * c, row_k + 64 * w);
+        tma_load_2d(smem + kOffV + (kC * w + c) * kBox, &maps.v, kvb, kvh * kDim + 64 * c, row_k + 64 * w);
       }
     for (int i = 0; i < kStages && i < n_steps; ++i) issue(i, i);
   }
@@ -108,10 +120,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint16_t* const ds_base = p.ds;
   const int nb = S / 64, key_blk = k0 / 64 + w, key_l = 16 * warp + g;
   const int64_t ds_tiles = attention_ds_tiles_per_head(nb);
-  float dk[64], dv[64];
+  constexpr int kAcc = kDim / 2;  // fp32 accumulators per thread of an m64nkDim product
+  float dk[kAcc], dv[kAcc];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
-  const uint32_t kb = smem + (2 * w) * kBox, vb = smem + kOffV + (2 * w) * kBox;
+  for (int i = 0; i < kAcc; ++i) dk[i] = dv[i] = 0.f;
+  const uint32_t kb = smem + (kC * w) * kBox, vb = smem + kOffV + (kC * w) * kBox;
   mbar_wait(kv_full, 0);
 
   int s = 0;
@@ -131,8 +144,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // S^T = K Q^T, dP^T = V dO^T: 64 keys x 64 queries each, contracted over d in two 64-wide boxes.
     float sa[32], pa[32];
     wgmma_fence();
-    sm90k::mma_rows_d128(sa, kb, st + kStageQ);
-    sm90k::mma_rows_d128(pa, vb, st + kStageDO);
+    sm90k::mma_rows_d<kDim>(sa, kb, st + kStageQ);
+    sm90k::mma_rows_d<kDim>(pa, vb, st + kStageDO);
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
@@ -174,8 +187,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      wgmma_m64n128k16_rs<1>(dv, fp[kk], smem_desc(st + kStageDO + kk * 2048, kBox, 1024), 1u);
-      wgmma_m64n128k16_rs<1>(dk, fd[kk], smem_desc(st + kStageQ + kk * 2048, kBox, 1024), 1u);
+      const uint64_t d_do = smem_desc(st + kStageDO + kk * 2048, kBox, 1024);
+      const uint64_t d_q = smem_desc(st + kStageQ + kk * 2048, kBox, 1024);
+      if constexpr (kDim == 128) {
+        wgmma_m64n128k16_rs<1>(dv, fp[kk], d_do, 1u);
+        wgmma_m64n128k16_rs<1>(dk, fd[kk], d_q, 1u);
+      } else {
+        wgmma_m64n64k16_rs<1>(dv, fp[kk], d_do, 1u);
+        wgmma_m64n64k16_rs<1>(dk, fd[kk], d_q, 1u);
+      }
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -187,14 +207,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < kAcc; ++i) {
     fence_operand(dk[i]);
     fence_operand(dv[i]);
   }
 
   // dK = scale * dk, dV = dv: bf16 pairs straight from the accumulators.
-  const int64_t kv_stride = static_cast<int64_t>(p.KVH) * kD;
-  const int64_t r0 = (static_cast<int64_t>(b) * S + key0) * kv_stride + static_cast<int64_t>(kvh) * kD;
+  const int64_t kv_stride = static_cast<int64_t>(p.KVH) * kDim;
+  const int64_t r0 = (static_cast<int64_t>(b) * S + key0) * kv_stride + static_cast<int64_t>(kvh) * kDim;
   sm90k::store_acc_bf16(p.dk, r0, r0 + 8 * kv_stride, dk, p.scale, c4);
   sm90k::store_acc_bf16(p.dv, r0, r0 + 8 * kv_stride, dv, 1.f, c4);
 #else
@@ -206,9 +226,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 bool try_dkv_sm90(const Geom& G, const BwdParams& p, int device, cudaStream_t stream) {
   static std::atomic<int> cache[64];
-  static std::atomic<bool> smem_set{false};
-  return sm90k::try_launch(attn_bwd_dkv_sm90_kernel, "MXTRAIN_ATTENTION_DKV", "dK/dV", G, p, device, stream, cache,
-                           smem_set, static_cast<int64_t>(G.S / kBN) * G.B * G.KVH, kThreads, kSmem);
+  static std::atomic<bool> smem_set{false}, smem_set64{false};
+  const int64_t blocks = static_cast<int64_t>(G.S / kBN) * G.B * G.KVH;
+  if (G.D == 64)
+    return sm90k::try_launch(attn_bwd_dkv_sm90_kernel<64>, "MXTRAIN_ATTENTION_DKV", "dK/dV", G, p, device, stream,
+                             cache, smem_set64, blocks, kThreads, Layout<64>::kSmem, true);
+  return sm90k::try_launch(attn_bwd_dkv_sm90_kernel<kD>, "MXTRAIN_ATTENTION_DKV", "dK/dV", G, p, device, stream,
+                           cache, smem_set, blocks, kThreads, Layout<kD>::kSmem, true);
 }
 
 }  // namespace mxt::cuda::attn

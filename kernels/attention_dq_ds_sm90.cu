@@ -30,11 +30,15 @@ using sm90k::kBox;
 using sm90k::kD;
 constexpr int kBM = 128;  // queries per CTA: 2 warpgroups x 64
 constexpr int kStages = 4;
-constexpr int kStageDs = 2 * kBox;  // K boxes [d chunk], then the dS tiles [warpgroup]
-constexpr int kStageBytes = 4 * kBox;
-constexpr int kOffBar = kStages * kStageBytes;
-constexpr int kSmem = kOffBar + (2 * kStages + 1) * 8 + 1024;  // + slack for 1024-byte alignment
 constexpr int kThreads = 384;
+// A stage for head_dim kDim: K's kDim / 64 boxes [d chunk], then the two warpgroups' dS tiles.
+template <int kDim>
+struct Layout {
+  static constexpr int kStageDs = kDim / 64 * kBox;
+  static constexpr int kStageBytes = kStageDs + 2 * kBox;
+  static constexpr int kOffBar = kStages * kStageBytes;
+  static constexpr int kSmem = kOffBar + (2 * kStages + 1) * 8 + 1024;  // + slack for 1024-byte alignment
+};
 constexpr uint32_t kProducerRegs = 56, kConsumerRegs = 224;
 
 struct DsMaps {
@@ -42,10 +46,13 @@ struct DsMaps {
   CUtensorMap ds;  // [tiles * 64 rows][64] bf16: one box per tile
 };
 
+template <int kDim>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_bwd_dq_ds_sm90_kernel(const __grid_constant__ DsMaps maps, const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace mxt::sm90;
+  constexpr int kStageDs = Layout<kDim>::kStageDs, kStageBytes = Layout<kDim>::kStageBytes;
+  constexpr int kOffBar = Layout<kDim>::kOffBar;
   extern __shared__ uint8_t smem_raw[];
   const sm90k::Ring ring = sm90k::ring_smem(smem_raw, kOffBar, kStages);
   const uint32_t smem = ring.base;
@@ -66,8 +73,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (i >= kStages) mbar_wait(&empty[st_i], static_cast<uint32_t>(i / kStages - 1) & 1u);
         const uint32_t st = smem + st_i * kStageBytes, bar = smem_u32(&full[st_i]);
         mbar_arrive_expect_tx(&full[st_i], kStageBytes);
-        for (int c = 0; c < 2; ++c)
-          tma_load_2d(st + c * kBox, &maps.k, bar, t.kvh * kD + 64 * c, t.b * S + 64 * i);
+        for (int c = 0; c < kDim / 64; ++c)
+          tma_load_2d(st + c * kBox, &maps.k, bar, t.kvh * kDim + 64 * c, t.b * S + 64 * i);
         for (int w = 0; w < 2; ++w)
           tma_load_2d(st + kStageDs + w * kBox, &maps.ds, bar, 0,
                       static_cast<int32_t>((head_tiles + attention_ds_tile(nb, i, qb + w)) * 64));
@@ -79,9 +86,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int w = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
   const int g = lane / 4, c4 = lane % 4;
-  float dq[64];
+  constexpr int kAcc = kDim / 2;
+  float dq[kAcc];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) dq[i] = 0.f;
+  for (int i = 0; i < kAcc; ++i) dq[i] = 0.f;
   // One k16 step of the block is 16 keys: 16 rows of 128 bytes in both the dS tile and the K boxes.
   for (int i = 0; i < t.n_steps; ++i) {
     const int s = i % kStages;
@@ -89,8 +97,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t st = smem + s * kStageBytes, a = st + kStageDs + w * kBox;
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      wgmma_m64n128k16<1, 1>(dq, smem_desc(a + kk * 2048, kBox, 1024), smem_desc(st + kk * 2048, kBox, 1024), 1u);
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t da = smem_desc(a + kk * 2048, kBox, 1024), db = smem_desc(st + kk * 2048, kBox, 1024);
+      if constexpr (kDim == 128)
+        wgmma_m64n128k16<1, 1>(dq, da, db, 1u);
+      else
+        wgmma_m64n64k16<1, 1>(dq, da, db, 1u);
+    }
     wgmma_commit();
     wgmma_wait<1>();  // the previous block's products are done: release its stage
     if (i > 0) {
@@ -100,11 +113,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   wgmma_wait<0>();
 #pragma unroll
-  for (int i = 0; i < 64; ++i) fence_operand(dq[i]);
+  for (int i = 0; i < kAcc; ++i) fence_operand(dq[i]);
 
   const int row0 = t.q0 + 64 * w + 16 * warp + g;  // this thread's queries: row0 and row0 + 8
-  const int64_t q_stride = static_cast<int64_t>(p.H) * kD;
-  const int64_t r0 = (static_cast<int64_t>(t.b) * S + row0) * q_stride + static_cast<int64_t>(t.h) * kD;
+  const int64_t q_stride = static_cast<int64_t>(p.H) * kDim;
+  const int64_t r0 = (static_cast<int64_t>(t.b) * S + row0) * q_stride + static_cast<int64_t>(t.h) * kDim;
   sm90k::store_acc_bf16(p.dq, r0, r0 + 8 * q_stride, dq, p.scale, c4);
 #else
   __trap();  // built without sm_90a: the host never launches this
@@ -142,13 +155,14 @@ int64_t bwd_ds_bytes(const Geom& G, const BwdParams& p, int device) {
   if (env_is("MXTRAIN_ATTENTION_DKV", "mma"))
     why = "MXTRAIN_ATTENTION_DKV=mma (the tiles come from the wgmma dK/dV kernel)";
   else if (bytes == 0)
-    why = G.D == kD && G.S % 128 == 0 ? "the tiles would take more than " +
-                                            std::to_string(kAttentionDsMaxBytes >> 20) + " MiB"
-                                      : "head_dim " + std::to_string(G.D) + ", seq " + std::to_string(G.S) +
-                                            " (needs 128 and a multiple of 128)";
+    why = (G.D == 64 || G.D == kD) && G.S % 128 == 0
+              ? "the tiles would take more than " + std::to_string(kAttentionDsMaxBytes >> 20) + " MiB"
+              : "head_dim " + std::to_string(G.D) + ", seq " + std::to_string(G.S) +
+                    " (needs 64 or 128 and a multiple of 128)";
   else {
     sm90k::TMaps maps{};
-    why = sm90k::check_applies(G, p, device, reinterpret_cast<const void*>(attn_bwd_dq_ds_sm90_kernel), g_image, maps);
+    why = sm90k::check_applies(G, p, device, reinterpret_cast<const void*>(attn_bwd_dq_ds_sm90_kernel<kD>), g_image,
+                               maps, true);
   }
   if (why.empty()) return bytes;
   if (mode == sm90k::Mode::Require) fail(op, "MXTRAIN_ATTENTION_DS=on, but dQ from dS tiles does not apply: " + why);
@@ -159,13 +173,19 @@ void launch_dq_ds_sm90(const Geom& G, const BwdParams& p, cudaStream_t stream) {
   const char* op = "attention_backward";
   DsMaps maps{};
   const int64_t tile_rows = static_cast<int64_t>(G.B) * G.H * attention_ds_tiles_per_head(G.S / 64) * 64;
-  if (!(sm90k::make_rows_map(maps.k, p.k, G.T, static_cast<int64_t>(G.KVH) * kD) &&
+  if (!(sm90k::make_rows_map(maps.k, p.k, G.T, static_cast<int64_t>(G.KVH) * G.D) &&
         sm90k::make_rows_map(maps.ds, p.ds, tile_rows, 64)))
     fail(op, "the dS tiles' tensor maps were rejected by the driver");
-  static std::atomic<bool> smem_set{false};
-  if (!smem_set.exchange(true)) set_smem(attn_bwd_dq_ds_sm90_kernel, static_cast<size_t>(kSmem), op);
   const int64_t blocks = static_cast<int64_t>(G.S / kBM) * G.B * G.H;
-  attn_bwd_dq_ds_sm90_kernel<<<grid_1d(blocks, op), kThreads, kSmem, stream>>>(maps, p);
+  if (G.D == 64) {
+    static std::atomic<bool> smem_set{false};
+    if (!smem_set.exchange(true)) set_smem(attn_bwd_dq_ds_sm90_kernel<64>, static_cast<size_t>(Layout<64>::kSmem), op);
+    attn_bwd_dq_ds_sm90_kernel<64><<<grid_1d(blocks, op), kThreads, Layout<64>::kSmem, stream>>>(maps, p);
+  } else {
+    static std::atomic<bool> smem_set{false};
+    if (!smem_set.exchange(true)) set_smem(attn_bwd_dq_ds_sm90_kernel<kD>, static_cast<size_t>(Layout<kD>::kSmem), op);
+    attn_bwd_dq_ds_sm90_kernel<kD><<<grid_1d(blocks, op), kThreads, Layout<kD>::kSmem, stream>>>(maps, p);
+  }
   check_launch(op);
 }
 

@@ -130,8 +130,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // S = Q K^T, dP = dO V^T: 64 queries x 64 keys each, contracted over d in two 64-wide boxes.
     float sa[32], pa[32];
     wgmma_fence();
-    sm90k::mma_rows_d128(sa, qa, st + kStageK);
-    sm90k::mma_rows_d128(pa, da, st + kStageV);
+    sm90k::mma_rows_d(sa, qa, st + kStageK);
+    sm90k::mma_rows_d(pa, da, st + kStageV);
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
@@ -218,8 +218,8 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     float sa[32], pa[32];
     named_barrier_sync(kTurnBar + w, 256);
     wgmma_fence();
-    sm90k::mma_rows_d128(sa, qa, st + kStageK);
-    sm90k::mma_rows_d128(pa, da, st + kStageV);
+    sm90k::mma_rows_d(sa, qa, st + kStageK);
+    sm90k::mma_rows_d(pa, da, st + kStageV);
     wgmma_commit();
     if (w == 0 || step + 1 < n_steps) named_barrier_arrive(kTurnBar + 1 - w, 256);
     wgmma_wait<0>();

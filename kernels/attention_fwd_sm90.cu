@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // S = Q K^T: 64 queries x 64 keys, contracted over d in two 64-wide boxes.
       float sa[32];
       wgmma_fence();
-      sm90k::mma_rows_d128(sa, qa, st + kStageK);
+      sm90k::mma_rows_d(sa, qa, st + kStageK);
       wgmma_commit();
       wgmma_wait<0>();
 #pragma unroll
@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     float sa[32];
     named_barrier_sync(kTurnBar + w, 256);
     wgmma_fence();
-    sm90k::mma_rows_d128(sa, qa, m.base + kOffStages + kStageK);
+    sm90k::mma_rows_d(sa, qa, m.base + kOffStages + kStageK);
     wgmma_commit();
     if (w == 0 || n_steps > 1) named_barrier_arrive(kTurnBar + 1 - w, 256);
     wgmma_wait<0>();
@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
     float sa[32];
     named_barrier_sync(kTurnBar + w, 256);
     wgmma_fence();
-    sm90k::mma_rows_d128(sa, qa, st + kStageK);
+    sm90k::mma_rows_d(sa, qa, st + kStageK);
     sm90k::mma_regs_k64(o, fp, m.base + kOffStages + pending * kStageBytes + kStageV);
     wgmma_commit();
     if (w == 0 || step + 1 < n_steps) named_barrier_arrive(kTurnBar + 1 - w, 256);

@@ -60,18 +60,20 @@ inline bool make_rows_map(CUtensorMap& m, const void* ptr, int64_t rows, int64_t
 }
 
 // Empty when a wgmma backward kernel (`kernel`, `cache` its per-device sm_90a check) applies to G, with `maps`
-// filled; else why not: head_dim 128, no document mask, seq a multiple of 128, an sm_90a device and binary.
+// filled; else why not: head_dim 128 (or 64 where `d64`), no document mask, seq a multiple of 128, an sm_90a
+// device and binary.
 inline std::string check_applies(const Geom& G, const BwdParams& p, int device, const void* kernel,
-                                 std::atomic<int> (&cache)[64], TMaps& maps) {
-  if (G.D != kD) return "head_dim " + std::to_string(G.D) + " (needs 128)";
+                                 std::atomic<int> (&cache)[64], TMaps& maps, bool d64 = false) {
+  if (G.D != kD && !(d64 && G.D == 64))
+    return "head_dim " + std::to_string(G.D) + (d64 ? " (needs 64 or 128)" : " (needs 128)");
   if (G.doc != nullptr) return "a document mask";
   if (G.S % 128 != 0) return "seq " + std::to_string(G.S) + " (needs a multiple of 128)";
-  if (G.T * G.H * kD > INT32_MAX) return "a tensor of 2^31 elements or more";
+  if (G.T * G.H * G.D > INT32_MAX) return "a tensor of 2^31 elements or more";
   if (!sm90::device_runs_sm90a(device, kernel, cache)) return "not an sm_90 device / binary";
-  if (!(make_rows_map(maps.q, p.q, G.T, static_cast<int64_t>(G.H) * kD) &&
-        make_rows_map(maps.k, p.k, G.T, static_cast<int64_t>(G.KVH) * kD) &&
-        make_rows_map(maps.v, p.v, G.T, static_cast<int64_t>(G.KVH) * kD) &&
-        make_rows_map(maps.dout, p.dout, G.T, static_cast<int64_t>(G.H) * kD)))
+  if (!(make_rows_map(maps.q, p.q, G.T, static_cast<int64_t>(G.H) * G.D) &&
+        make_rows_map(maps.k, p.k, G.T, static_cast<int64_t>(G.KVH) * G.D) &&
+        make_rows_map(maps.v, p.v, G.T, static_cast<int64_t>(G.KVH) * G.D) &&
+        make_rows_map(maps.dout, p.dout, G.T, static_cast<int64_t>(G.H) * G.D)))
     return "a tensor map the driver rejects";
   return "";
 }
@@ -81,12 +83,12 @@ inline std::string check_applies(const Geom& G, const BwdParams& p, int device, 
 // `smem_set` and `cache` are the kernel's own (one-time shared-memory opt-in, per-device sm_90a check).
 inline bool try_launch(void (*kernel)(TMaps, BwdParams), const char* env, const char* what, const Geom& G,
                        const BwdParams& p, int device, cudaStream_t stream, std::atomic<int> (&cache)[64],
-                       std::atomic<bool>& smem_set, int64_t blocks, int threads, int smem) {
+                       std::atomic<bool>& smem_set, int64_t blocks, int threads, int smem, bool d64 = false) {
   const char* op = "attention_backward";
   const Mode mode = env_mode(env, op);
   if (mode == Mode::Off) return false;
   TMaps maps{};
-  const std::string why = check_applies(G, p, device, reinterpret_cast<const void*>(kernel), cache, maps);
+  const std::string why = check_applies(G, p, device, reinterpret_cast<const void*>(kernel), cache, maps, d64);
   if (!why.empty()) {
     if (mode == Mode::Require)
       fail(op, std::string(env) + "=wgmma, but the sm90 " + what + " kernel does not apply: " + why);
@@ -98,11 +100,12 @@ inline bool try_launch(void (*kernel)(TMaps, BwdParams), const char* env, const 
   return true;
 }
 
-// acc[64 x 64] = A B^T with A and B both [64 rows][128 d] as two [64][64] boxes at shared addresses a and b
+// acc[64 x 64] = A B^T with A and B both [64 rows][kDim d] as kDim / 64 [64][64] boxes at shared addresses a and b
 // (K-major, contracted over d): S = Q K^T, dP = dO V^T and their transposes.
-__device__ __forceinline__ void mma_rows_d128(float (&acc)[32], uint32_t a, uint32_t b) {
+template <int kDim = kD>
+__device__ __forceinline__ void mma_rows_d(float (&acc)[32], uint32_t a, uint32_t b) {
 #pragma unroll
-  for (int c = 0; c < 2; ++c)
+  for (int c = 0; c < kDim / 64; ++c)
 #pragma unroll
     for (int k = 0; k < 4; ++k)
       sm90::wgmma_m64n64k16<0, 0>(acc, sm90::smem_desc(a + c * kBox + k * 32, 16, 1024),
@@ -199,12 +202,13 @@ __device__ __forceinline__ void init_ring(uint64_t* full, uint64_t* empty, int s
   sm90::fence_barrier_init();
 }
 
-// Rows r0 and r0 + 8 (element offsets) of a bf16 output from this thread's part of an m64n128 wgmma accumulator,
-// times `scale` (c4 = lane % 4).
-__device__ __forceinline__ void store_acc_bf16(uint16_t* out, int64_t r0, int64_t r1, const float (&acc)[64],
+// Rows r0 and r0 + 8 (element offsets) of a bf16 output from this thread's part of an m64nN wgmma accumulator
+// (N / 2 floats), times `scale` (c4 = lane % 4).
+template <int kAcc>
+__device__ __forceinline__ void store_acc_bf16(uint16_t* out, int64_t r0, int64_t r1, const float (&acc)[kAcc],
                                                float scale, int c4) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < kAcc / 4; ++j) {
     const int col = 8 * j + 2 * c4;
     *reinterpret_cast<uint32_t*>(out + r0 + col) = pack_bf16(acc[4 * j] * scale, acc[4 * j + 1] * scale);
     *reinterpret_cast<uint32_t*>(out + r1 + col) = pack_bf16(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale);

@@ -37,7 +37,8 @@ TEST(AttentionDsTiles, BytesWhereTheShapeAllows) {
   // seq 4096, 32 heads: 2,112 tiles of 8 KiB per head.
   EXPECT_EQ(attention_ds_bytes(1, 4096, 32, 128), int64_t{32} * 2112 * 8192);
   EXPECT_EQ(attention_ds_bytes(2, 256, 4, 128), int64_t{2} * 4 * (4 * 4 / 2 + 4) * 8192);
-  EXPECT_EQ(attention_ds_bytes(1, 4096, 32, 64), 0);   // head_dim 64: the recomputing kernels
+  EXPECT_EQ(attention_ds_bytes(1, 4096, 32, 64), int64_t{32} * 2112 * 8192);  // the tiles do not depend on D
+  EXPECT_EQ(attention_ds_bytes(1, 4096, 32, 32), 0);   // head_dim 32: the recomputing kernels
   EXPECT_EQ(attention_ds_bytes(1, 4032, 32, 128), 0);  // seq not a multiple of 128
   EXPECT_EQ(attention_ds_bytes(1, 8192, 32, 128), 0);  // 2.2 GB: over kAttentionDsMaxBytes
   EXPECT_GT(attention_ds_bytes(1, 8192, 16, 128), 0);

@@ -1,5 +1,5 @@
 #pragma once
-// The attention backward's dS tiles (Hopper, head_dim 128): the dK/dV kernel stores each dS^T block it computes,
+// The attention backward's dS tiles (Hopper, head_dim 64 and 128): the dK/dV kernel stores each dS^T block it computes,
 // and dQ = scale dS K is then one product per block instead of recomputing S, P and dP (attention_dq_ds_sm90.cu).
 // Pure C++ (the memory plan and host tests use it; MXT_HD marks what device code calls as well).
 //
@@ -30,9 +30,9 @@ MXT_HD inline int64_t attention_ds_tile(int64_t nb, int64_t kb, int64_t qb) {
 inline constexpr int64_t kAttentionDsMaxBytes = int64_t{1} << 31;
 
 // Bytes of the dS tiles for B rows of S tokens and H query heads of head_dim D, or 0 where the tiled path does not
-// apply by shape (head_dim 128, S a positive multiple of 128, at most kAttentionDsMaxBytes).
+// apply by shape (head_dim 64 or 128, S a positive multiple of 128, at most kAttentionDsMaxBytes).
 inline int64_t attention_ds_bytes(int64_t B, int64_t S, int64_t H, int64_t D) {
-  if (D != 128 || S <= 0 || S % 128 != 0 || B <= 0 || H <= 0) return 0;
+  if ((D != 64 && D != 128) || S <= 0 || S % 128 != 0 || B <= 0 || H <= 0) return 0;
   const int64_t bytes = B * H * attention_ds_tiles_per_head(S / 64) * 64 * 64 * 2;
   return bytes <= kAttentionDsMaxBytes ? bytes : 0;
 }

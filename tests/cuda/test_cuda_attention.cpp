@@ -279,6 +279,7 @@ TEST(CudaAttention, ReferenceKernels) {
 TEST(CudaAttention, Variant1Kernels) {
   MXT_REQUIRE_GPU();
   ScopedEnv env("MXTRAIN_ATTENTION_VARIANT", "1"), fwd("MXTRAIN_ATTENTION_FWD", "mma");
+  ScopedEnv dkv("MXTRAIN_ATTENTION_DKV", "mma"), dq("MXTRAIN_ATTENTION_DQ", "mma");
   run_case({2, 128, 4, 2, 64, 1.f}, 1100);
   run_case({1, 300, 8, 2, 128, 1.f}, 1110);
   run_case({1, 1, 4, 2, 64, 1.f}, 1115);
@@ -313,6 +314,7 @@ TEST(CudaAttention, WgmmaBackwardKernels) {
   ScopedEnv fwd("MXTRAIN_ATTENTION_FWD", "mma");
   ScopedEnv dkv("MXTRAIN_ATTENTION_DKV", "mma"), dq("MXTRAIN_ATTENTION_DQ", "mma");
   run_case({1, 512, 4, 2, 128, 1.f}, 1350);
+  run_case({1, 512, 4, 2, 64, 1.f}, 1355);
 }
 
 // The forward's ping-pong schedule (MXTRAIN_ATTENTION_FWD_SCHED=pingpong) at 64 keys per step against the CPU
@@ -491,26 +493,31 @@ TEST(CudaAttention, WgmmaRequiredWhereItDoesNotApply) {
   }
 }
 
-// dQ from the dK/dV kernel's dS tiles (MXTRAIN_ATTENTION_DS=on): against the CPU twin over GQA groups of 1, 2 and
-// 4, two batch rows, a peaky softmax and the smallest seq; then beside the recomputing dQ kernel on the same
-// inputs, all three gradients bit for bit: the dK/dV kernel only adds the tiles' stores, and the tiles' dS (from
-// S^T = K Q^T) and the recomputing kernel's (from S = Q K^T) come from the same bf16 products, are rounded to bf16
-// the same way and enter dQ in the same key order (equal on the H200 in session 50).
+// dQ from the dK/dV kernel's dS tiles (MXTRAIN_ATTENTION_DS=on), head_dim 128 and 64: against the CPU twin over
+// GQA groups of 1, 2 and 4, two batch rows, a peaky softmax and the smallest seq; then beside the recomputing dQ
+// kernel on the same inputs. dK and dV bit for bit (the dK/dV kernel only adds the tiles' stores); at head_dim 128
+// dQ too: the tiles' dS (from S^T = K Q^T) and the wgmma recomputing kernel's (from S = Q K^T) come from the same
+// bf16 products, are rounded to bf16 the same way and enter dQ in the same key order (equal on the H200 in
+// session 50); at 64 the recomputing dQ kernel is the mma.sync one, so dQ agrees to its rounding.
 TEST(CudaAttention, DqFromDsTiles) {
   MXT_REQUIRE_SM90();
   {
     ScopedEnv ds("MXTRAIN_ATTENTION_DS", "on");
-    run_case({1, 256, 4, 2, 128, 1.f}, 1700);
-    run_case({2, 384, 8, 2, 128, 1.f}, 1710);
-    run_case({1, 1024, 4, 4, 128, 1.f}, 1720);
-    run_case({1, 512, 8, 2, 128, 3.f}, 1730);
-    run_case({1, 128, 4, 1, 128, 1.f}, 1740);
+    for (const int64_t d : {128, 64}) {
+      run_case({1, 256, 4, 2, d, 1.f}, 1700);
+      run_case({2, 384, 8, 2, d, 1.f}, 1710);
+      run_case({1, 1024, 4, 4, d, 1.f}, 1720);
+      run_case({1, 512, 8, 2, d, 3.f}, 1730);
+      run_case({1, 128, 4, 1, d, 1.f}, 1740);
+    }
   }
-  struct Shape { int64_t B, S, H, KVH; };
-  for (const Shape c : {Shape{1, 128, 2, 1}, Shape{2, 640, 4, 2}, Shape{1, 2048, 8, 2}}) {
-    SCOPED_TRACE("B=" + std::to_string(c.B) + " S=" + std::to_string(c.S) + " H=" + std::to_string(c.H));
+  struct Shape { int64_t B, S, H, KVH, D; };
+  for (const Shape c : {Shape{1, 128, 2, 1, 128}, Shape{2, 640, 4, 2, 128}, Shape{1, 2048, 8, 2, 128},
+                        Shape{1, 128, 2, 1, 64}, Shape{2, 640, 4, 2, 64}, Shape{1, 2048, 8, 2, 64}}) {
+    SCOPED_TRACE("B=" + std::to_string(c.B) + " S=" + std::to_string(c.S) + " H=" + std::to_string(c.H) +
+                 " D=" + std::to_string(c.D));
     auto gpu = make_cuda_ops();
-    const int64_t T = c.B * c.S, D = 128;
+    const int64_t T = c.B * c.S, D = c.D;
     const AttnShape s{c.B, c.S, c.H, c.KVH, D, {}};
     auto q = upload(*gpu, rounded_randn(T * c.H * D, 1750, 1.f), DType::BF16, {T, c.H, D});
     auto k = upload(*gpu, rounded_randn(T * c.KVH * D, 1751, 1.f), DType::BF16, {T, c.KVH, D});
@@ -531,10 +538,12 @@ TEST(CudaAttention, DqFromDsTiles) {
     }
     EXPECT_EQ(0, std::memcmp(dk[0].data(), dk[1].data(), dk[0].size() * 4)) << "dk differs";
     EXPECT_EQ(0, std::memcmp(dv[0].data(), dv[1].data(), dv[0].size() * 4)) << "dv differs";
-    std::printf("[attention dS tiles B%lld S%lld H%lld] dq rel L2 against the recomputing kernel %.2e\n",
+    const double r = rel_l2(dq[1], dq[0]);
+    std::printf("[attention dS tiles B%lld S%lld H%lld D%lld] dq rel L2 against the recomputing kernel %.2e\n",
                 static_cast<long long>(c.B), static_cast<long long>(c.S), static_cast<long long>(c.H),
-                rel_l2(dq[1], dq[0]));
-    EXPECT_EQ(0, std::memcmp(dq[0].data(), dq[1].data(), dq[0].size() * 4)) << "dq differs";
+                static_cast<long long>(c.D), r);
+    if (D == 128) EXPECT_EQ(0, std::memcmp(dq[0].data(), dq[1].data(), dq[0].size() * 4)) << "dq differs";
+    else EXPECT_LT(r, 5e-3);
   }
 }
 
