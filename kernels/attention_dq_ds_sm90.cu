@@ -115,10 +115,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) fence_operand(dq[i]);
 
-  const int row0 = t.q0 + 64 * w + 16 * warp + g;  // this thread's queries: row0 and row0 + 8
-  const int64_t q_stride = static_cast<int64_t>(p.H) * kDim;
-  const int64_t r0 = (static_cast<int64_t>(t.b) * S + row0) * q_stride + static_cast<int64_t>(t.h) * kDim;
-  sm90k::store_acc_bf16(p.dq, r0, r0 + 8 * q_stride, dq, p.scale, c4);
+  sm90k::store_dq(p, t.b, t.h, t.q0 + 64 * w + 16 * warp + g, dq, c4);
 #else
   __trap();  // built without sm_90a: the host never launches this
 #endif

@@ -157,10 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 64; ++i) fence_operand(dq[i]);
 
-  // dQ = scale * dq: bf16 pairs straight from the accumulators.
-  const int64_t q_stride = static_cast<int64_t>(p.H) * kD;
-  const int64_t r0 = (static_cast<int64_t>(b) * S + row0) * q_stride + static_cast<int64_t>(h) * kD;
-  sm90k::store_acc_bf16(p.dq, r0, r0 + 8 * q_stride, dq, p.scale, c4);
+  sm90k::store_dq(p, b, h, row0, dq, c4);  // dQ = scale * dq: bf16 pairs straight from the accumulators
 #else
   __trap();  // built without sm_90a: the host never launches this
 #endif
@@ -243,9 +240,7 @@ __global__ void __launch_bounds__(kPpThreads, 1)
   }
 #pragma unroll
   for (int i = 0; i < 64; ++i) fence_operand(dq[i]);
-  const int64_t q_stride = static_cast<int64_t>(p.H) * kD;
-  const int64_t r0 = (static_cast<int64_t>(t.b) * S + row0) * q_stride + static_cast<int64_t>(t.h) * kD;
-  sm90k::store_acc_bf16(p.dq, r0, r0 + 8 * q_stride, dq, p.scale, c4);
+  sm90k::store_dq(p, t.b, t.h, row0, dq, c4);
 #else
   __trap();  // built without sm_90a: the host never launches this
 #endif

@@ -215,4 +215,14 @@ __device__ __forceinline__ void store_acc_bf16(uint16_t* out, int64_t r0, int64_
   }
 }
 
+// The dQ kernels' end: dQ = scale * acc for this thread's queries row0 and row0 + 8 of (batch row b, head h), from
+// an m64n(head_dim) accumulator.
+template <int kAcc>
+__device__ __forceinline__ void store_dq(const BwdParams& p, int b, int h, int row0, const float (&acc)[kAcc], int c4) {
+  constexpr int kDim = 2 * kAcc;
+  const int64_t q_stride = static_cast<int64_t>(p.H) * kDim;
+  const int64_t r0 = (static_cast<int64_t>(b) * p.S + row0) * q_stride + static_cast<int64_t>(h) * kDim;
+  store_acc_bf16(p.dq, r0, r0 + 8 * q_stride, acc, p.scale, c4);
+}
+
 }  // namespace mxt::cuda::attn::sm90k
