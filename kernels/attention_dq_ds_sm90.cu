@@ -147,21 +147,15 @@ int64_t bwd_ds_bytes(const Geom& G, const BwdParams& p, int device) {
   const bool named = env_is("MXTRAIN_ATTENTION_DKV", "mma") || env_is("MXTRAIN_ATTENTION_DQ", "mma") ||
                      env_is("MXTRAIN_ATTENTION_DQ", "wgmma");
   if (mode == sm90k::Mode::Auto && named) return 0;
-  std::string why;
-  const int64_t bytes = attention_ds_bytes(G.B, G.S, G.H, G.D);
+  std::string why = attention_ds_why_not(G.B, G.S, G.H, G.D);
   if (env_is("MXTRAIN_ATTENTION_DKV", "mma"))
     why = "MXTRAIN_ATTENTION_DKV=mma (the tiles come from the wgmma dK/dV kernel)";
-  else if (bytes == 0)
-    why = (G.D == 64 || G.D == kD) && G.S % 128 == 0
-              ? "the tiles would take more than " + std::to_string(kAttentionDsMaxBytes >> 20) + " MiB"
-              : "head_dim " + std::to_string(G.D) + ", seq " + std::to_string(G.S) +
-                    " (needs 64 or 128 and a multiple of 128)";
-  else {
+  else if (why.empty()) {
     sm90k::TMaps maps{};
     why = sm90k::check_applies(G, p, device, reinterpret_cast<const void*>(attn_bwd_dq_ds_sm90_kernel<kD>), g_image,
                                maps, true);
   }
-  if (why.empty()) return bytes;
+  if (why.empty()) return attention_ds_bytes(G.B, G.S, G.H, G.D);
   if (mode == sm90k::Mode::Require) fail(op, "MXTRAIN_ATTENTION_DS=on, but dQ from dS tiles does not apply: " + why);
   return 0;
 }

@@ -2,6 +2,7 @@
 // visits gets its own tile, the tiles fill [0, tiles_per_head) without gaps, and the sizes the memory plan counts.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "mxtrain/attention_ds.hpp"
@@ -42,6 +43,11 @@ TEST(AttentionDsTiles, BytesWhereTheShapeAllows) {
   EXPECT_EQ(attention_ds_bytes(1, 4032, 32, 128), 0);  // seq not a multiple of 128
   EXPECT_EQ(attention_ds_bytes(1, 8192, 32, 128), 0);  // 2.2 GB: over kAttentionDsMaxBytes
   EXPECT_GT(attention_ds_bytes(1, 8192, 16, 128), 0);
+  // The reasons the backward names when MXTRAIN_ATTENTION_DS=on cannot apply.
+  EXPECT_EQ(attention_ds_why_not(1, 4096, 32, 128), "");
+  EXPECT_NE(attention_ds_why_not(1, 300, 4, 128).find("seq 300"), std::string::npos);
+  EXPECT_NE(attention_ds_why_not(1, 4096, 4, 32).find("head_dim 32"), std::string::npos);
+  EXPECT_NE(attention_ds_why_not(1, 8192, 32, 128).find("more than 2048 MiB"), std::string::npos);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 // block from their first key on, the diagonal's masked half included). Key block kb holds nb - 2 * floor(kb / 2)
 // tiles, qb ascending; the key blocks follow each other, nb = S / 64 (even: S is a multiple of 128).
 #include <cstdint>
+#include <string>
 
 #ifdef __CUDACC__
 #define MXT_HD __host__ __device__
@@ -29,12 +30,24 @@ MXT_HD inline int64_t attention_ds_tile(int64_t nb, int64_t kb, int64_t qb) {
 // Above this the backward recomputes dQ's scores instead (seq 4096 x 32 heads takes 0.55 GB; 8192 x 32, 2.2 GB).
 inline constexpr int64_t kAttentionDsMaxBytes = int64_t{1} << 31;
 
-// Bytes of the dS tiles for B rows of S tokens and H query heads of head_dim D, or 0 where the tiled path does not
-// apply by shape (head_dim 64 or 128, S a positive multiple of 128, at most kAttentionDsMaxBytes).
+// Bytes the dS tiles would take for B rows of S tokens (S a multiple of 128) and H query heads.
+inline int64_t attention_ds_tile_bytes(int64_t B, int64_t S, int64_t H) {
+  return B * H * attention_ds_tiles_per_head(S / 64) * 64 * 64 * 2;
+}
+
+// Why the tiled path does not apply by shape to B rows of S tokens and H query heads of head_dim D, or "" where it
+// does: head_dim 64 or 128, S a positive multiple of 128, at most kAttentionDsMaxBytes of tiles.
+inline std::string attention_ds_why_not(int64_t B, int64_t S, int64_t H, int64_t D) {
+  if ((D != 64 && D != 128) || S <= 0 || S % 128 != 0 || B <= 0 || H <= 0)
+    return "head_dim " + std::to_string(D) + ", seq " + std::to_string(S) + " (needs 64 or 128 and a multiple of 128)";
+  if (attention_ds_tile_bytes(B, S, H) > kAttentionDsMaxBytes)
+    return "the tiles would take more than " + std::to_string(kAttentionDsMaxBytes >> 20) + " MiB";
+  return "";
+}
+
+// Bytes of the dS tiles, or 0 where the tiled path does not apply by shape (attention_ds_why_not).
 inline int64_t attention_ds_bytes(int64_t B, int64_t S, int64_t H, int64_t D) {
-  if ((D != 64 && D != 128) || S <= 0 || S % 128 != 0 || B <= 0 || H <= 0) return 0;
-  const int64_t bytes = B * H * attention_ds_tiles_per_head(S / 64) * 64 * 64 * 2;
-  return bytes <= kAttentionDsMaxBytes ? bytes : 0;
+  return attention_ds_why_not(B, S, H, D).empty() ? attention_ds_tile_bytes(B, S, H) : 0;
 }
 
 }  // namespace mxt
