@@ -48,6 +48,11 @@ void set_grouped_wgrad_pair(int mode);
 // Weight-gradient raster: the fast index walks groups of `units` (n-tiles or m-tile pairs; 0 = one group, the plain
 // raster; default: env MXTRAIN_GG_WGRAD_GROUP, else 0), -1 restores the env var's choice.
 void set_grouped_wgrad_group(int units);
+// Weight gradient over several row sets in one launch: 1 = each set's rows of an expert past its last whole 64-row
+// k-block are first copied into one extra set (gather_wgrad_tails, wgrad_tails.hpp), so each expert ends in one
+// partial k-block instead of one per set (default; env MXTRAIN_GG_WGRAD_GATHER=on), 0 = they stay in place (off),
+// -1 restores the env var's choice. Sums in another order: dW may differ from the in-place sums in the last bits.
+void set_grouped_wgrad_gather(int on);
 // L2 eviction priorities on the operand loads and output stores: a mask of the directions that use them (1 forward,
 // 2 dgrad, 4 wgrad in raster groups; 0 none, the default; env MXTRAIN_GG_L2_HINTS=off|on|fwd|dgrad|wgrad), -1
 // restores the env var's choice. Results are unchanged.
@@ -92,7 +97,8 @@ struct WgradRows {
 };
 // dW[e] += (accumulate) or = (not: experts without rows get zeros) the sum over the sets, in order, of
 // dy_e^T x_e: each output tile contracts every set's rows of its expert before its one read-add-write or store.
-// Sets need R >= 1. Up to 8 sets (fewer at E > 64) run in one launch, more in several.
+// Sets need R >= 1. Up to 8 sets (fewer at E > 64) run in one launch, more in several; where 2 or more run in one,
+// their tails are gathered first (set_grouped_wgrad_gather) into ctx's "wgrad_tails" scratch.
 // With sumsq (accumulate false, at least wgrad_norm_slots floats): also each stored tile's sum of squares, per
 // consumer warp, into sumsq[0, wgrad_norm_slots) (their sum is sum(dW^2)); false (nothing launched) when the call
 // would not be one storing launch.

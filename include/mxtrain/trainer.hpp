@@ -155,9 +155,12 @@ struct MemoryPlan {
   // The attention backward's dS tiles (mxtrain/attention_ds.hpp) on a bf16 backend where the shape allows them
   // (counted wherever it does; a GPU without sm_90a kernels recomputes instead and leaves them unallocated).
   size_t attention_ds_bytes = 0;
+  // The expert weight gradient's gathered tail rows (mxtrain/wgrad_tails.hpp) on a bf16 backend that contracts
+  // several micro-batches per call (expert_wgrad_micro_batches > 1): one call's worth, shared by every layer.
+  size_t wgrad_tail_bytes = 0;
   std::vector<std::pair<std::string, size_t>> largest;  // biggest activation buffers
   size_t total_bytes() const {
-    return param_bytes + fp8_weight_bytes + activation_bytes + scratch_bytes + attention_ds_bytes;
+    return param_bytes + fp8_weight_bytes + activation_bytes + scratch_bytes + attention_ds_bytes + wgrad_tail_bytes;
   }
 };
 MemoryPlan plan_memory(const TrainConfig& cfg, Ops& ops);

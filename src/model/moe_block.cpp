@@ -83,7 +83,8 @@ void MixtralModel::moe_forward(int l, bool training, uint64_t jitter_seed) {
 // last (and the step's last) keeps its weight-gradient operands (all written straight into the held buffers; only
 // a recomputed SwiGLU output is copied) and the group's last contracts all held row sets and its own per expert
 // in one grouped GEMM (the held sets first, in micro-batch order: the order of the ungrouped accumulation, which
-// the per-set fallback then reproduces bit for bit).
+// the per-set fallback reproduces bit for bit; the Hopper kernel adds each set's partial last k-blocks after the
+// whole ones, MXTRAIN_GG_WGRAD_GATHER).
 std::vector<Ops::WgradRowSet> MixtralModel::held_sets(int l, Tensor HeldWgrad::*hdy, Tensor HeldWgrad::*hx) const {
   std::vector<Ops::WgradRowSet> sets;
   for (int64_t s = 0; s < wgrad_slot(); ++s) {

@@ -12,6 +12,7 @@
 
 #include "cpu/cpu_ops.hpp"
 #include "mxtrain/attention_ds.hpp"
+#include "mxtrain/wgrad_tails.hpp"
 #include "mxtrain/checkpoint.hpp"
 #include "mxtrain/cpus.hpp"
 #include "mxtrain/lr_schedule.hpp"
@@ -716,6 +717,10 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
   if (act_dtype == DType::BF16)
     p.attention_ds_bytes = static_cast<size_t>(attention_ds_bytes(
         cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length, cfg.model.num_attention_heads, cfg.model.head_dim()));
+  // The W13 call's tails are the widest: dy 2f and x d columns.
+  if (act_dtype == DType::BF16 && expert_wgrad_group(cfg) > 1)
+    p.wgrad_tail_bytes = static_cast<size_t>(wgrad_tail_bytes(
+        expert_wgrad_group(cfg), local_experts(cfg), 2 * cfg.model.intermediate_size + cfg.model.hidden_size));
   std::vector<std::pair<std::string, size_t>> all;
   for (const auto& e : planned.arena().entries()) all.emplace_back(e.name, e.bytes);
   std::sort(all.begin(), all.end(), [](auto& a, auto& b) { return a.second > b.second; });
@@ -775,9 +780,12 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       p.lm_head_rows ? fmt::format("{} tokens at a time, lm_head_chunk_tokens", p.lm_head_rows)
                      : std::string("in the held logit gradients; per-token losses only"),
       gib(p.scratch_bytes),
-      p.attention_ds_bytes ? fmt::format("  attention backward dS tiles (one layer at a time): {:.2f} GiB\n",
-                                         gib(p.attention_ds_bytes))
-                           : std::string(),
+      (p.attention_ds_bytes ? fmt::format("  attention backward dS tiles (one layer at a time): {:.2f} GiB\n",
+                                          gib(p.attention_ds_bytes))
+                            : std::string()) +
+          (p.wgrad_tail_bytes ? fmt::format("  expert weight-gradient tail rows (one call at a time): {:.2f} GiB\n",
+                                            gib(p.wgrad_tail_bytes))
+                              : std::string()),
       gib(p.total_bytes()));
   for (const auto& [name, bytes] : p.largest) s += fmt::format("    {:<28} {:10.1f} MiB\n", name, bytes / 1048576.0);
   return s;
@@ -788,9 +796,10 @@ std::string plan_fit_problem(const TrainConfig& cfg, const MemoryPlan& p, size_t
   std::string s = fmt::format(
       "the memory plan needs {:.2f} GiB per rank (+{:.1f} GiB of headroom for NCCL, cuBLASLt and small scratch) "
       "but only {:.2f} GiB are free: parameters and optimizer state {:.2f} GiB, MXFP8 weight copies {:.2f} "
-      "GiB, activations {:.2f} GiB, LM-head logits {:.2f} GiB, attention dS tiles {:.2f} GiB. To shrink it:",
+      "GiB, activations {:.2f} GiB, LM-head logits {:.2f} GiB, attention dS tiles {:.2f} GiB, expert "
+      "weight-gradient tail rows {:.2f} GiB. To shrink it:",
       gib(p.total_bytes()), gib(kPlanHeadroom), gib(free_bytes), gib(p.param_bytes), gib(p.fp8_weight_bytes),
-      gib(p.activation_bytes), gib(p.scratch_bytes), gib(p.attention_ds_bytes));
+      gib(p.activation_bytes), gib(p.scratch_bytes), gib(p.attention_ds_bytes), gib(p.wgrad_tail_bytes));
   if (!cfg.recompute_experts) s += " recompute_experts=true (the experts' h13 and SwiGLU output rebuilt in the backward);";
   if (expert_wgrad_group(cfg) > 1)
     s += " expert_wgrad_micro_batches=1 (no micro-batch of expert operands held per layer);";

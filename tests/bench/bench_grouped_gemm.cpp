@@ -429,7 +429,10 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       mxt::sm90::set_grouped_l2_hints(0);
       mxt::sm90::set_grouped_wgrad_tail(-1);
       Buf norm_acc(ops, DType::F32, {1});
-      for (const bool norm : {false, true}) {
+      // Each with the row sets' tails gathered into one more set (the default) and left in place, alternating.
+      for (const int pass : {0, 1, 2, 3}) {
+        const bool norm = pass >= 2, gather = pass % 2 == 0;
+        mxt::sm90::set_grouped_wgrad_gather(gather ? 1 : 0);
         auto call = [&] {
           if (norm)
             ops.grouped_gemm_wgrad_sets_norm(rs, out1, norm_acc.t);
@@ -442,11 +445,12 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
         std::snprintf(note, sizeof(note), "rel L2 vs 8 single calls %.2e%s", err,
                       std::string(mxt::sm90::last_grouped_impl()) == "sm90" ? "" : " (FELL BACK)");
         const Timing t = time_it(st, flush, flush_bytes, 3, runs, call);
-        rows.push_back(Row{s.name, op.name,
-                           norm ? "sm90 c2m 8 distinct half row sets, store + norm (the trainer's call)"
-                                : "sm90 c2m 8 distinct half row sets, store (the trainer's call)",
-                           t, 4 * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
+        char name[112];
+        std::snprintf(name, sizeof(name), "sm90 c2m 8 distinct half row sets, store%s, tails %s (the trainer's call)",
+                      norm ? " + norm" : "", gather ? "gathered" : "in place");
+        rows.push_back(Row{s.name, op.name, name, t, 4 * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
       }
+      mxt::sm90::set_grouped_wgrad_gather(-1);
       mxt::sm90::set_grouped_wgrad_tail(-1);
       mxt::sm90::set_grouped_wgrad_group(-1);
       mxt::sm90::set_grouped_l2_hints(-1);

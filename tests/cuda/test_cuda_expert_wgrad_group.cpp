@@ -13,6 +13,8 @@
 #include <limits>
 #include <vector>
 
+#include "cuda_context.cuh"
+#include "cuda_ops.hpp"
 #include "cuda_test_util.hpp"
 #include "sm90_cluster_code.hpp"
 #include "sm90_grouped_gemm.cuh"
@@ -20,6 +22,8 @@
 #include "trained_run.hpp"
 #include "mxtrain/data.hpp"
 #include "mxtrain/trainer.hpp"
+#include "mxtrain/wgrad_tails.hpp"
+#include "wgrad_tails.hpp"
 
 namespace mxt::testing {
 namespace {
@@ -30,6 +34,7 @@ struct Guard {
     sm90::set_grouped_cluster(0);
     sm90::set_grouped_wgrad_tma(-1);
     sm90::set_grouped_wgrad_tail(-1);
+    sm90::set_grouped_wgrad_gather(-1);
     sm90::set_grouped_wgrad_pair(-1);
     sm90::set_grouped_wgrad_group(-1);
     sm90::set_grouped_l2_hints(-1);
@@ -197,6 +202,94 @@ TEST(CudaExpertWgradGroup, TailStepsAgreeWithZeroedTails) {
       int64_t differ = 0;
       for (size_t i = 0; i < got[0].size(); ++i) differ += !(got[0][i] == got[1][i]);
       EXPECT_EQ(differ, 0) << "BN " << bn << " cluster " << cl << ": the tail modes' sums differ";
+    }
+  }
+}
+
+// The tail gather alone against its CPU twin: every (set, expert)'s rows past its last whole 64-row k-block, bit for
+// bit at the place wgrad_tail_layout gives them, and the tail set's offsets; rows past the last one untouched. Loads
+// of 0, 1, 63, 64, 65, 127, 128 and 200 rows, a set whose offsets run past R (clamped as the GEMM clamps them) and
+// NaN padding rows (never copied).
+TEST(CudaExpertWgradGroup, GatherCopiesEachTailRowToItsPlace) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  const int64_t out = 136, in = 72, E = 4;
+  std::vector<RowSet> sets = {make_set({0, 1, 63, 64}, 3, out, in, 301), make_set({65, 127, 128, 200}, 0, out, in, 303),
+                              make_set({70, 0, 0, 5}, 2, out, in, 305)};
+  sets[2].off.back() = static_cast<int32_t>(sets[2].R + 40);  // the last expert's end past R: clamped to R
+  const int nsets = static_cast<int>(sets.size());
+  const int64_t cap = wgrad_tail_capacity(nsets, E);
+  const DeviceSets dev(*gpu, sets, out, in);
+  std::vector<sm90::WgradRows> rows;
+  for (const auto& r : dev.sets)
+    rows.push_back({static_cast<const __nv_bfloat16*>(r.dy.data), static_cast<const __nv_bfloat16*>(r.x.data),
+                    static_cast<const int32_t*>(r.offsets.data), r.dy.shape[0]});
+  const float sentinel = 7.5f;
+  auto TDY = upload(*gpu, std::vector<float>(cap * out, sentinel), DType::BF16, {cap, out});
+  auto TX = upload(*gpu, std::vector<float>(cap * in, sentinel), DType::BF16, {cap, in});
+  auto TOFF = upload_i32(*gpu, std::vector<int32_t>(E + 1, -1), {E + 1});
+  auto PLAN = upload_i32(*gpu, std::vector<int32_t>(3 * nsets * E, -1), {3 * nsets * E});
+  sm90::gather_wgrad_tails(rows.data(), nsets, E, out, in, static_cast<__nv_bfloat16*>(TDY.t.data),
+                           static_cast<__nv_bfloat16*>(TX.t.data), static_cast<int32_t*>(TOFF.t.data),
+                           static_cast<int32_t*>(PLAN.t.data), dynamic_cast<CudaOps&>(*gpu).ctx().stream);
+  const std::vector<float> tdy = download(*gpu, TDY), tx = download(*gpu, TX);
+  const std::vector<int32_t> toff = download_i32(*gpu, TOFF);
+  // The twin: counts from the clamped offsets, the layout, then the rows.
+  std::vector<int32_t> r(nsets * E), first(nsets * E), off(E + 1), dst(nsets * E);
+  for (int s = 0; s < nsets; ++s)
+    for (int64_t e = 0; e < E; ++e) {
+      const int32_t R = static_cast<int32_t>(sets[s].R);
+      const int32_t lo = std::min(sets[s].off[e], R), hi = std::max(lo, std::min(sets[s].off[e + 1], R));
+      r[s * E + e] = wgrad_tail_rows(lo, hi);
+      first[s * E + e] = hi - r[s * E + e];
+    }
+  wgrad_tail_layout(r.data(), nsets, static_cast<int>(E), off.data(), dst.data());
+  EXPECT_EQ(toff, off);
+  EXPECT_EQ(off[E], 0 + 1 + 63 + 0 + 1 + 63 + 0 + 8 + 6 + 5) << "the loads above leave these rows";
+  std::vector<float> want_dy(cap * out, round_bf16(sentinel)), want_x(cap * in, round_bf16(sentinel));
+  for (int s = 0; s < nsets; ++s)
+    for (int64_t e = 0; e < E; ++e)
+      for (int32_t j = 0; j < r[s * E + e]; ++j) {
+        const int64_t from = first[s * E + e] + j, to = dst[s * E + e] + j;
+        std::copy_n(&sets[s].dy[from * out], out, &want_dy[to * out]);
+        std::copy_n(&sets[s].x[from * in], in, &want_x[to * in]);
+      }
+  EXPECT_EQ(0, std::memcmp(tdy.data(), want_dy.data(), tdy.size() * 4)) << "dy tail rows";
+  EXPECT_EQ(0, std::memcmp(tx.data(), want_x.data(), tx.size() * 4)) << "x tail rows";
+}
+
+// Several sets in one launch gather their tails into one more set by default; with the gather off the tails stay
+// in place. Both against the CPU twin (1e-5: only the fp32 summation order differs) at tails of every kind (none,
+// 1, 15, 16, 63 rows; experts empty in some sets or all; NaN padding past the last expert), adding and storing,
+// both tile widths, 1 CTA and both pairings; and against each other. MXTRAIN_GG_FAULT=tail (the tails never
+// zeroed) fails it.
+TEST(CudaExpertWgradGroup, GatheredTailsAgreeWithTailsInPlace) {
+  MXT_REQUIRE_SM90();
+  auto gpu_ops = make_cuda_ops();
+  auto cpu_ops = make_cpu_ops();
+  const int64_t out = 192, in = 320, E = 5;
+  std::vector<RowSet> sets = {make_set({1, 80, 0, 64, 143}, 5, out, in, 401),
+                              make_set({63, 15, 0, 129, 16}, 0, out, in, 403),
+                              make_set({128, 200, 0, 0, 31}, 9, out, in, 405),
+                              make_set({2, 64, 0, 47, 63}, 1, out, in, 407)};
+  const auto dw0 = randn(E * out * in, 409);
+  for (const bool accumulate : {true, false}) {
+    const std::vector<float> ref = cpu_sets(*cpu_ops, sets, out, in, dw0, accumulate);
+    for (int bn : {256, 128}) {
+      for (int cl : {1, 2, 3}) {
+        std::vector<float> got[2];
+        for (int gather : {1, 0}) {
+          SCOPED_TRACE("BN " + std::to_string(bn) + " cluster " + sm90::cluster_code_name(cl) +
+                       (gather ? " gathered" : " in place") + (accumulate ? " accumulating" : " overwriting"));
+          Guard guard;
+          sm90::set_grouped_tile_n(bn);
+          sm90::use_cluster_code(cl);
+          sm90::set_grouped_wgrad_gather(gather);
+          got[gather] = gpu_sets(*gpu_ops, sets, out, in, dw0, accumulate);
+          EXPECT_CLOSE_REL(got[gather], ref, 1e-5);
+        }
+        EXPECT_CLOSE_REL(got[1], got[0], 1e-5);
+      }
     }
   }
 }
