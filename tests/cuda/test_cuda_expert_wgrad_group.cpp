@@ -208,8 +208,8 @@ TEST(CudaExpertWgradGroup, TailStepsAgreeWithZeroedTails) {
 
 // The tail gather alone against its CPU twin: every (set, expert)'s rows past its last whole 64-row k-block, bit for
 // bit at the place wgrad_tail_layout gives them, and the tail set's offsets; rows past the last one untouched. Loads
-// of 0, 1, 63, 64, 65, 127, 128 and 200 rows, a set whose offsets run past R (clamped as the GEMM clamps them) and
-// NaN padding rows (never copied).
+// of 0, 1, 63, 64, 65, 127, 128 and 200 rows, and a set whose last offset runs past R: clamped as the GEMM clamps it,
+// its last expert then takes the NaN padding rows too, and they move like any other rows.
 TEST(CudaExpertWgradGroup, GatherCopiesEachTailRowToItsPlace) {
   MXT_REQUIRE_GPU();
   auto gpu = make_cuda_ops();
@@ -245,7 +245,8 @@ TEST(CudaExpertWgradGroup, GatherCopiesEachTailRowToItsPlace) {
     }
   wgrad_tail_layout(r.data(), nsets, static_cast<int>(E), off.data(), dst.data());
   EXPECT_EQ(toff, off);
-  EXPECT_EQ(off[E], 0 + 1 + 63 + 0 + 1 + 63 + 0 + 8 + 6 + 5) << "the loads above leave these rows";
+  EXPECT_EQ(off[E], 0 + 1 + 63 + 0 + 1 + 63 + 0 + 8 + 6 + 7) << "the loads above leave these rows (the last set's "
+                                                               "last expert ends at R: 5 rows and 2 of padding)";
   std::vector<float> want_dy(cap * out, round_bf16(sentinel)), want_x(cap * in, round_bf16(sentinel));
   for (int s = 0; s < nsets; ++s)
     for (int64_t e = 0; e < E; ++e)
