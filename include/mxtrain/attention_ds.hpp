@@ -1,7 +1,7 @@
 #pragma once
 // The attention backward's dS tiles (Hopper, head_dim 64 and 128): the dK/dV kernel stores each dS^T block it computes,
 // and dQ = scale dS K is then one product per block instead of recomputing S, P and dP (attention_dq_ds_sm90.cu).
-// Pure C++ (the memory plan and host tests use it; MXT_HD marks what device code calls as well).
+// Pure C++ (the memory plan and host tests use it; MXT_HOST_DEVICE marks what device code calls as well).
 //
 // Layout: per (batch row, head), the [64 keys][64 queries] bf16 tiles of key block kb (64 keys) and query block qb
 // with qb >= 2 * floor(kb / 2): the blocks the dK/dV kernel visits (its CTAs take 128 keys and every 64-query
@@ -10,19 +10,15 @@
 #include <cstdint>
 #include <string>
 
-#ifdef __CUDACC__
-#define MXT_HD __host__ __device__
-#else
-#define MXT_HD
-#endif
+#include "mxtrain/host_device.hpp"
 
 namespace mxt {
 
 // Tiles of one (batch row, head): nb^2 / 2 + nb.
-MXT_HD inline int64_t attention_ds_tiles_per_head(int64_t nb) { return nb * nb / 2 + nb; }
+MXT_HOST_DEVICE inline int64_t attention_ds_tiles_per_head(int64_t nb) { return nb * nb / 2 + nb; }
 
 // Index of tile (kb, qb) within its (batch row, head); needs qb >= 2 * floor(kb / 2).
-MXT_HD inline int64_t attention_ds_tile(int64_t nb, int64_t kb, int64_t qb) {
+MXT_HOST_DEVICE inline int64_t attention_ds_tile(int64_t nb, int64_t kb, int64_t qb) {
   const int64_t t = kb / 2, r = kb % 2;
   return 2 * t * nb - 2 * t * (t - 1) + r * (nb - 2 * t) + (qb - 2 * t);
 }

@@ -4,25 +4,21 @@
 // k-block that loads and waits like a whole one. Gathered, each set keeps its whole k-blocks in place and its last
 // rows of each expert (fewer than 64) move into one extra row set, grouped by expert and in set order within: one
 // partial k-block per expert instead of one per set and expert. Pure C++ (the memory plan and host tests use it;
-// MXT_TAILS_HD marks what device code calls as well).
+// MXT_HOST_DEVICE marks what device code calls as well).
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define MXT_TAILS_HD __host__ __device__
-#else
-#define MXT_TAILS_HD
-#endif
+#include "mxtrain/host_device.hpp"
 
 namespace mxt {
 
 inline constexpr int kWgradTailBlock = 64;  // the kernel's k-block (rows)
 
 // How many of an expert's rows [lo, hi) of one set leave for the tail set: those past its last whole k-block.
-MXT_TAILS_HD inline int32_t wgrad_tail_rows(int32_t lo, int32_t hi) { return hi > lo ? (hi - lo) % kWgradTailBlock : 0; }
+MXT_HOST_DEVICE inline int32_t wgrad_tail_rows(int32_t lo, int32_t hi) { return hi > lo ? (hi - lo) % kWgradTailBlock : 0; }
 
 // The tail set's layout from the counts r[s * E + e] of `sets` sets: its expert offsets off[E + 1], and dst[s * E + e],
 // the tail row that (set s, expert e)'s first leaving row goes to.
-MXT_TAILS_HD inline void wgrad_tail_layout(const int32_t* r, int sets, int E, int32_t* off, int32_t* dst) {
+MXT_HOST_DEVICE inline void wgrad_tail_layout(const int32_t* r, int sets, int E, int32_t* off, int32_t* dst) {
   off[0] = 0;
   for (int e = 0; e < E; ++e) {
     int32_t row = off[e];
