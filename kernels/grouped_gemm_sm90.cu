@@ -110,6 +110,7 @@ constexpr uint32_t kProducerRegs = 56, kConsumerRegs = 224;  // 128 x 56 + 256 x
 constexpr int kEpiCols = 16;             // wgrad epilogue box: 64 rows x 16 fp32 (64-byte rows, 64-byte swizzle)
 constexpr int kEpiBox = 64 * kEpiCols * 4;
 constexpr int kEpiBufs = 3;              // boxes in flight per consumer warpgroup
+constexpr int kLockstepSlots = 4096;     // wgrad lockstep: item ordinals gated (later ones run free)
 
 template <int BN>
 struct Cfg {
@@ -161,6 +162,8 @@ struct Params {
   int32_t pair_m;   // wgrad, CTA pairs: the pair shares the x tile (rank r takes m-tile unit * 2 + r) instead of the
                     // dy tile (n-tile unit * 2 + r)
   int32_t prefetch; // wgrad: prefetch each dW tile into L2 (one tensor prefetch, SetMaps::pf) before adding to it
+  int32_t* lockstep;     // wgrad: per item ordinal, the CTAs past that item's middle (zeroed per launch), or null
+  int32_t lockstep_len;  // its length: later ordinals run ungated
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing,
                     // 3 = no epilogue (timing only), 4 = wgrad pairs over m-tiles read the wrong x columns,
                     // 5 = the norm's slots leave out lanes 28-31 (rows 7 and 15 of each warp's 16),
@@ -316,6 +319,17 @@ __device__ __forceinline__ Item decode_split(const Sched& sc, const Params& p, c
   return it;
 }
 
+// Wgrad lockstep (MXTRAIN_GG_WGRAD_LOCKSTEP): a CTA starts its next item only once every CTA of the grid is past
+// the middle of its current one, so the CTAs that share a dy or x strip through L2 stay within half an item of each
+// other instead of drifting apart over hundreds of items. A scheduling hint only: after about 2 ms it goes on.
+__device__ __forceinline__ void wgrad_lockstep_wait(const int32_t* passed) {
+  const int want = static_cast<int>(gridDim.x);
+  for (int t = 0; t < 20000; ++t) {
+    if (*reinterpret_cast<const volatile int32_t*>(passed) >= want) return;
+    __nanosleep(100);
+  }
+}
+
 template <Mode kMode, int BN, int kCl>
 __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap* mB, const SetMaps* sm,
                                         const Sched& sc, const Params& p, uint32_t smem, uint64_t* full,
@@ -337,7 +351,20 @@ __device__ __forceinline__ void produce(const CUtensorMap* mA, const CUtensorMap
   for (int item = unit0; item < ts.items; item += units_stride) {
     const Item it = decode_split<kMode, BN, kCl>(sc, p, ts, item, e, rank);
     SetCursor cur;
+    if constexpr (kMode == Mode::kWgrad) {
+      if (p.lockstep) {  // this CTA's item ordinal (recomputed where needed: the producer has few registers)
+        const int ordinal = (item - unit0) / units_stride;
+        if (ordinal > 0 && ordinal <= p.lockstep_len) wgrad_lockstep_wait(p.lockstep + ordinal - 1);
+        if (ordinal < p.lockstep_len && it.nk <= it.kb0) atomicAdd(p.lockstep + ordinal, 1);
+      }
+    }
     for (int kb = it.kb0; kb < it.nk; ++kb) {
+      if constexpr (kMode == Mode::kWgrad) {
+        if (p.lockstep && kb == (it.kb0 + it.nk) / 2) {
+          const int ordinal = (item - unit0) / units_stride;
+          if (ordinal < p.lockstep_len) atomicAdd(p.lockstep + ordinal, 1);
+        }
+      }
       mbar_wait(&empty[s], phase ^ 1u);
       mbar_arrive_expect_tx(&full[s], C::kStageA + C::kStageB);
       const uint32_t a = smem + s * C::kStageA, b = smem + C::kOffB + s * C::kStageB;
@@ -1012,6 +1039,7 @@ std::atomic<int> g_wgrad_pair{-1};  // -1: env, 0: pairs over n-tiles (share dy)
 std::atomic<int> g_tail_split{-1};  // -1: env, else the most parts of a split unit (< 2: off)
 std::atomic<int> g_wgrad_group{-1};  // -1: env, else fast units per raster group (0: one group)
 std::atomic<int> g_wgrad_gather{-1};  // -1: env, else 1 = gather the row sets' tails, 0 = leave them in place
+std::atomic<int> g_wgrad_lockstep{-1};  // -1: env, else 1 = gate each item on the grid's progress, 0 = off
 std::atomic<int> g_l2_hints{-1};    // -1: env, else a mask of the directions with hints (l2_hints)
 thread_local const char* g_last_impl = "none";
 
@@ -1120,6 +1148,16 @@ bool wgrad_gather() {
   const int o = g_wgrad_gather.load();
   if (o >= 0) return o == 1;
   static const bool v = env_choice("MXTRAIN_GG_WGRAD_GATHER", {"on", "off"}) == 0;
+  return v;
+}
+
+// Wgrad lockstep (wgrad_lockstep_wait): off by default; env MXTRAIN_GG_WGRAD_LOCKSTEP=on. Session 51's ncu: the
+// trainer's W13 weight gradient read about 60 GB from DRAM for the 4.3 GB it needs, its CTAs' shared strips leaving
+// L2 as the CTAs drift apart.
+bool wgrad_lockstep() {
+  const int o = g_wgrad_lockstep.load();
+  if (o >= 0) return o == 1;
+  static const bool v = env_choice("MXTRAIN_GG_WGRAD_LOCKSTEP", {"off", "on"}) == 1;
   return v;
 }
 
@@ -1473,6 +1511,7 @@ void set_grouped_wgrad_tail(int mode) {
     cuda::fail("grouped_gemm_wgrad", "tail mode must be -1, 0, 1 or 2, got " + std::to_string(mode));
   g_wgrad_tail.store(mode);
 }
+void set_grouped_wgrad_lockstep(int on) { g_wgrad_lockstep.store(on < 0 ? -1 : on ? 1 : 0); }
 void set_grouped_wgrad_gather(int on) { g_wgrad_gather.store(on < 0 ? -1 : on ? 1 : 0); }
 void set_grouped_wgrad_pair(int mode) {
   if (mode < -1 || mode > 1)
@@ -1628,6 +1667,10 @@ bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t ou
     }
     p.pair_m = pair_m ? 1 : 0;
     p.prefetch = p.overwrite ? 0 : wgrad_prefetch();  // nothing to read when storing
+    if (wgrad_lockstep()) {  // an item ordinal per slot: enough for any CTA's items (more run ungated)
+      p.lockstep_len = static_cast<int32_t>(std::min<int64_t>(kLockstepSlots, max_units));
+      p.lockstep = static_cast<int32_t*>(ctx.scratch("gg_wgrad_lockstep", sizeof(int32_t) * kLockstepSlots));
+    }
     p.tma_store = wgrad_tma_epilogue() ? 1 : 0;
     p.fault = fault_injection();
     p.tail = p.fault == 2 ? kTailNone : wgrad_tail_mode();
@@ -1636,8 +1679,12 @@ bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t ou
     launches.push_back(L);
   }
   if (gather) gather_wgrad_tails(given, ngiven, E, M, N, tdy, tx, toff, plan, ctx.stream);
-  for (const Launch& L : launches)
+  for (const Launch& L : launches) {
+    if (L.p.lockstep)
+      cuda::check(cudaMemsetAsync(L.p.lockstep, 0, sizeof(int32_t) * L.p.lockstep_len, ctx.stream), op,
+                  "lockstep memset");
     launch_cfg<Mode::kWgrad>(op, L.ma, L.mb, mc, L.p, max_units, ctx, bn, cl, L.rest);
+  }
   note_grouped_impl("sm90");
   return true;
 }

@@ -53,6 +53,10 @@ void set_grouped_wgrad_group(int units);
 // partial k-block instead of one per set (default; env MXTRAIN_GG_WGRAD_GATHER=on), 0 = they stay in place (off),
 // -1 restores the env var's choice. Sums in another order: dW may differ from the in-place sums in the last bits.
 void set_grouped_wgrad_gather(int on);
+// Weight gradient: 1 = each CTA starts its next item only once every CTA is past the middle of its current one, so
+// the CTAs sharing a dy or x strip through L2 stay close (a scheduling hint: it gives up after about 2 ms; the same
+// sums bit for bit), 0 = off (default; env MXTRAIN_GG_WGRAD_LOCKSTEP=off|on), -1 restores the env var's choice.
+void set_grouped_wgrad_lockstep(int on);
 // L2 eviction priorities on the operand loads and output stores: a mask of the directions that use them (1 forward,
 // 2 dgrad, 4 wgrad in raster groups; 0 none, the default; env MXTRAIN_GG_L2_HINTS=off|on|fwd|dgrad|wgrad), -1
 // restores the env var's choice. Results are unchanged.

@@ -429,10 +429,12 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       mxt::sm90::set_grouped_l2_hints(0);
       mxt::sm90::set_grouped_wgrad_tail(-1);
       Buf norm_acc(ops, DType::F32, {1});
-      // Each with the row sets' tails gathered into one more set (the default) and left in place, alternating.
-      for (const int pass : {0, 1, 2, 3}) {
-        const bool norm = pass >= 2, gather = pass % 2 == 0;
+      // Each with the row sets' tails gathered into one more set (the default), left in place, and gathered with
+      // the CTAs kept in lockstep (set_grouped_wgrad_lockstep), alternating.
+      for (const int pass : {0, 1, 2, 3, 4, 5}) {
+        const bool norm = pass >= 3, gather = pass % 3 != 1, lockstep = pass % 3 == 2;
         mxt::sm90::set_grouped_wgrad_gather(gather ? 1 : 0);
+        mxt::sm90::set_grouped_wgrad_lockstep(lockstep ? 1 : 0);
         auto call = [&] {
           if (norm)
             ops.grouped_gemm_wgrad_sets_norm(rs, out1, norm_acc.t);
@@ -446,11 +448,12 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
                       std::string(mxt::sm90::last_grouped_impl()) == "sm90" ? "" : " (FELL BACK)");
         const Timing t = time_it(st, flush, flush_bytes, 3, runs, call);
         char name[112];
-        std::snprintf(name, sizeof(name), "sm90 c2m 8 distinct half row sets, store%s, tails %s (the trainer's call)",
-                      norm ? " + norm" : "", gather ? "gathered" : "in place");
+        std::snprintf(name, sizeof(name), "sm90 c2m 8 distinct half row sets, store%s, tails %s%s (the trainer's call)",
+                      norm ? " + norm" : "", gather ? "gathered" : "in place", lockstep ? ", lockstep" : "");
         rows.push_back(Row{s.name, op.name, name, t, 4 * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
       }
       mxt::sm90::set_grouped_wgrad_gather(-1);
+      mxt::sm90::set_grouped_wgrad_lockstep(-1);
       mxt::sm90::set_grouped_wgrad_tail(-1);
       mxt::sm90::set_grouped_wgrad_group(-1);
       mxt::sm90::set_grouped_l2_hints(-1);

@@ -35,6 +35,7 @@ struct Guard {
     sm90::set_grouped_wgrad_tma(-1);
     sm90::set_grouped_wgrad_tail(-1);
     sm90::set_grouped_wgrad_gather(-1);
+    sm90::set_grouped_wgrad_lockstep(-1);
     sm90::set_grouped_wgrad_pair(-1);
     sm90::set_grouped_wgrad_group(-1);
     sm90::set_grouped_l2_hints(-1);
@@ -290,6 +291,43 @@ TEST(CudaExpertWgradGroup, GatheredTailsAgreeWithTailsInPlace) {
           EXPECT_CLOSE_REL(got[gather], ref, 1e-5);
         }
         EXPECT_CLOSE_REL(got[1], got[0], 1e-5);
+      }
+    }
+  }
+}
+
+// Lockstep (set_grouped_wgrad_lockstep) only delays when a CTA starts its next item: dW bit for bit as without it,
+// adding and storing, both tile widths, 1 CTA and both pairings, with tails gathered and in place; many items per
+// CTA (6 experts of up to 4 x 4 tiles over 8 sets).
+TEST(CudaExpertWgradGroup, LockstepChangesNoBit) {
+  MXT_REQUIRE_SM90();
+  auto gpu_ops = make_cuda_ops();
+  const int64_t out = 512, in = 1024, E = 6;
+  std::vector<RowSet> sets;
+  for (int i = 0; i < 8; ++i)
+    sets.push_back(make_set({40 + 9 * i, 130, 0, 64, 77 - 5 * i, 200}, i % 3, out, in, 501 + 2 * i));
+  const auto dw0 = randn(E * out * in, 521);
+  for (const bool accumulate : {true, false}) {
+    for (int bn : {256, 128}) {
+      for (int cl : {1, 2, 3}) {
+        for (int gather : {1, 0}) {
+          std::vector<float> got[2];
+          for (int lockstep : {0, 1}) {
+            SCOPED_TRACE("BN " + std::to_string(bn) + " cluster " + sm90::cluster_code_name(cl) +
+                         (gather ? " gathered" : " in place") + (lockstep ? " lockstep" : "") +
+                         (accumulate ? " accumulating" : " overwriting"));
+            Guard guard;
+            sm90::set_grouped_tile_n(bn);
+            sm90::use_cluster_code(cl);
+            sm90::set_grouped_wgrad_gather(gather);
+            sm90::set_grouped_wgrad_lockstep(lockstep);
+            got[lockstep] = gpu_sets(*gpu_ops, sets, out, in, dw0, accumulate);
+          }
+          int64_t differ = 0;
+          for (size_t i = 0; i < got[0].size(); ++i) differ += std::memcmp(&got[0][i], &got[1][i], 4) != 0;
+          EXPECT_EQ(differ, 0) << "BN " << bn << " cluster " << cl << (gather ? " gathered" : " in place")
+                               << ": dW values differ with lockstep";
+        }
       }
     }
   }
