@@ -55,7 +55,8 @@ void set_grouped_wgrad_group(int units);
 void set_grouped_wgrad_gather(int on);
 // Weight gradient: 1 = each CTA starts its next item only once every CTA is past the middle of its current one, so
 // the CTAs sharing a dy or x strip through L2 stay close (a scheduling hint: it gives up after about 2 ms; the same
-// sums bit for bit), 0 = off (default; env MXTRAIN_GG_WGRAD_LOCKSTEP=off|on), -1 restores the env var's choice.
+// sums bit for bit), 0 = off, -1 restores the env var's choice (MXTRAIN_GG_WGRAD_LOCKSTEP=auto|on|off; auto, the
+// default: on for calls over two or more row sets).
 void set_grouped_wgrad_lockstep(int on);
 // L2 eviction priorities on the operand loads and output stores: a mask of the directions that use them (1 forward,
 // 2 dgrad, 4 wgrad in raster groups; 0 none, the default; env MXTRAIN_GG_L2_HINTS=off|on|fwd|dgrad|wgrad), -1
