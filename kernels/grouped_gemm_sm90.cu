@@ -1614,7 +1614,7 @@ bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t ou
   // the launch, once every map is built).
   std::vector<WgradRows> all(given, given + ngiven);
   const bool gather = ngiven >= 2 && ngiven <= per_launch && ngiven * E <= kSetSlots && ngiven <= kMaxTailSets &&
-                      wgrad_gather() && fault_injection() != 2;
+                      wgrad_gather() && fault != 2;
   __nv_bfloat16 *tdy = nullptr, *tx = nullptr;
   int32_t *toff = nullptr, *plan = nullptr;
   if (gather) {
