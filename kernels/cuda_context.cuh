@@ -21,6 +21,7 @@ struct CudaContext {
   int compute_capability = 0;  // major * 10 + minor (90 for Hopper)
   int sm_reserve = 0;  // left to a concurrent collective by the persistent GEMMs (set_sm_reserve)
   int gemm_sms() const { return num_sms - sm_reserve > 1 ? num_sms - sm_reserve : 1; }
+  bool exchange_alongside = false;  // a collective may run beside the next kernels (set_exchange_alongside)
   std::unique_ptr<StageClock> clock;  // MXTRAIN_STAGE_TIMING=1 only (kernels/stage_clock.cu)
   size_t allocated = 0, peak = 0;  // bytes held through alloc() and scratch(), for the memory report
   void note_alloc(long long delta) {

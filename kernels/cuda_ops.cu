@@ -146,6 +146,7 @@ CudaOps::~CudaOps() {
 }
 
 void CudaOps::set_sm_reserve(int sms) { ctx_->sm_reserve = sms < 0 ? 0 : sms; }
+void CudaOps::set_exchange_alongside(bool on) { ctx_->exchange_alongside = on; }
 
 void* CudaOps::alloc(size_t bytes) {
   void* p = nullptr;

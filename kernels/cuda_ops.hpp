@@ -56,6 +56,7 @@ class CudaOps : public Ops {
   void synchronize() override;
   size_t peak_allocated() const override;
   void set_sm_reserve(int sms) override;
+  void set_exchange_alongside(bool on) override;
   void set_lm_head_chunk_tokens(int64_t tokens) override { lm_head_chunk_ = tokens; }
 
   void zero(const Tensor& t) override;

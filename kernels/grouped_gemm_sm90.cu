@@ -1154,12 +1154,13 @@ bool wgrad_gather() {
 // Wgrad lockstep (wgrad_lockstep_wait): env MXTRAIN_GG_WGRAD_LOCKSTEP=auto (default: on for calls over several row
 // sets, the trainer's expert_wgrad_micro_batches call, where it was measured) | on | off. Session 51's ncu: that
 // W13 call read about 60 GB from DRAM for the 4.3 GB it needs, its CTAs' shared strips leaving L2 as the CTAs drift
-// apart; with lockstep the call ran 3-6% faster and the 8x7B step 1.35-1.6%. One row set: not measured, off.
-bool wgrad_lockstep(int nsets) {
+// apart; with lockstep the call ran 3-6% faster and the 8x7B step 1.35-1.6%. One row set: not measured, off. Beside
+// an exchange (expert parallelism's overlapped combine) a CTA may wait for an SM the collective holds: off there.
+bool wgrad_lockstep(int nsets, bool exchange_alongside) {
   const int o = g_wgrad_lockstep.load();
   if (o >= 0) return o == 1;
   static const int v = env_choice("MXTRAIN_GG_WGRAD_LOCKSTEP", {"auto", "on", "off"});
-  return v == 1 || (v == 0 && nsets >= 2);
+  return v == 1 || (v == 0 && nsets >= 2 && !exchange_alongside);
 }
 
 // Wgrad CTA pairs: over two m-tiles sharing the x tile (default; env MXTRAIN_GG_WGRAD_PAIR=m) or over two n-tiles
@@ -1668,7 +1669,7 @@ bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t ou
     }
     p.pair_m = pair_m ? 1 : 0;
     p.prefetch = p.overwrite ? 0 : wgrad_prefetch();  // nothing to read when storing
-    if (wgrad_lockstep(ngiven)) {  // an item ordinal per slot: enough for any CTA's items (more run ungated)
+    if (wgrad_lockstep(ngiven, ctx.exchange_alongside)) {  // an item ordinal per slot: enough for any CTA's items (more run ungated)
       p.lockstep_len = static_cast<int32_t>(std::min<int64_t>(kLockstepSlots, max_units));
       p.lockstep = static_cast<int32_t*>(ctx.scratch("gg_wgrad_lockstep", sizeof(int32_t) * kLockstepSlots));
     }

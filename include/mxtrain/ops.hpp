@@ -84,6 +84,9 @@ class Ops {
   virtual size_t peak_allocated() const { return 0; }
   // Multiprocessors the persistent GEMM kernels leave free for a collective running alongside them (0: none).
   virtual void set_sm_reserve(int /*sms*/) {}
+  // Whether an exchange (a collective on another stream) may run beside the kernels queued from now on: scheduling
+  // that counts on every one of a kernel's CTAs being resident (the weight gradient's lockstep) then steps aside.
+  virtual void set_exchange_alongside(bool /*on*/) {}
   // At most this many tokens' LM-head logits at once in lm_head_loss (the backends that chunk it; the chunk is
   // lm_head_chunk_rows(T, tokens)).
   virtual void set_lm_head_chunk_tokens(int64_t /*tokens*/) {}

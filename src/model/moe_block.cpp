@@ -169,7 +169,10 @@ void MixtralModel::moe_backward(int l) {
   auto combine = [&] {
     if (!ep) return;
     moe_combine_grad(l, overlap);
-    if (overlap) ops_.set_sm_reserve(overlap_sms_);
+    if (overlap) {
+      ops_.set_sm_reserve(overlap_sms_);
+      ops_.set_exchange_alongside(true);
+    }
   };
   if (mx_) quantize_fp8_colwise(l, false);
   if (n > 0 && recompute_) {  // h13 and act as the forward made them (shared scratch): same bits
@@ -190,6 +193,7 @@ void MixtralModel::moe_backward(int l) {
   }
   if (overlap) {
     ops_.set_sm_reserve(0);
+    ops_.set_exchange_alongside(false);
     TraceScope trace_wait("ep combine (backward, wait)");
     ep_.comm->wait_started();
   }
