@@ -2,7 +2,9 @@
 // rank training on the same global batch: losses to 1e-5 relative, gradient norms (before clipping, which is
 // active: max_grad_norm is below every norm) and the final master weights, dense and every expert.
 // Rank 0 trains the single-rank reference first (dp = ep = 1, the same global batch: grad_acc_steps x world,
-// or micro_batch_size x world with --mode batch) and broadcasts what it got.
+// or micro_batch_size x world with --mode batch) and broadcasts what it got. On the CPU backend it also checks that
+// the MoE block flags expert parallelism's overlapped combine to the ops (Ops::set_exchange_alongside) while, and only
+// while, it may run.
 //
 //   mpirun -np 4 mxtrain_mpi_check --dp 2 --ep 2 [--steps 10] [--micro 1] [--acc 2] [--mode acc|batch]
 //                                  [--capacity F] [--aux-jitter] [--fp8] [--wgrad-group G] [--force-balance] [--rebalance N] [--experts E] [--lr X] [--moments float32|bfloat16] [--backend cpu|cuda] [--tol-scale X]
@@ -17,9 +19,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_ops.hpp"
 #include "mxtrain/backend.hpp"
 #include "mxtrain/comm.hpp"
 #include "mxtrain/data.hpp"
@@ -131,6 +135,24 @@ mxt::Corpus held_out() {
   return std::vector<int32_t>(all.end() - 20000, all.end());
 }
 
+// The CPU backend, counting Ops::set_exchange_alongside: the MoE block raises it around expert parallelism's
+// overlapped combine (where the CUDA weight gradient's lockstep steps aside) and lowers it after.
+class ExchangeCountingOps : public mxt::CpuOps {
+ public:
+  int raised = 0, lowered = 0;
+  bool on = false, nested = false;
+  void set_exchange_alongside(bool v) override {
+    if (v) {
+      nested = nested || on;
+      ++raised;
+    } else {
+      ++lowered;
+    }
+    on = v;
+  }
+  void reset() { raised = lowered = 0, on = nested = false; }
+};
+
 struct Run {
   std::vector<double> loss, norm;
   std::vector<double> val;  // validation loss and tokens after the last step
@@ -186,7 +208,15 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);
   const Args a = parse(argc, argv);
   std::string why;
-  auto ops = mxt::make_backend(a.backend, why, mxt::node_local_rank().local_rank);
+  std::unique_ptr<mxt::Ops> ops;
+  ExchangeCountingOps* counting = nullptr;
+  if (a.backend == "cpu") {
+    auto c = std::make_unique<ExchangeCountingOps>();
+    counting = c.get();
+    ops = std::move(c);
+  } else {
+    ops = mxt::make_backend(a.backend, why, mxt::node_local_rank().local_rank);
+  }
   const bool gpu = ops->device() == mxt::Device::CUDA;
   const mxt::TrainConfig cfg = tiny_config(a, gpu);
   const double tol_loss = (gpu ? 2e-3 : 1e-5) * a.tol_scale, tol_norm = (gpu ? 2e-2 : 1e-4) * a.tol_scale,
@@ -225,6 +255,7 @@ int main(int argc, char** argv) {
   bcast(ref.expert);
 
   // The distributed run.
+  if (counting) counting->reset();
   auto groups = mxt::make_process_groups(cfg.parallelism, *ops);
   mxt::Trainer t(cfg, *ops, mxt::embedded_corpus_tokens(), groups);
   const mxt::RankLayout& L = groups->layout;
@@ -288,6 +319,17 @@ int main(int argc, char** argv) {
       if (gl.expert_numel == full.expert_numel)
         check(max_abs_diff(all.data(), ref.expert.data(), full.expert_numel) <= tol_w, "gathered experts differ");
     }
+  }
+  // An overlapped combine is flagged while it may run, and only then.
+  if (counting) {
+    const bool overlapped = L.ep_size > 1 && cfg.parallelism.ep_overlap;
+    check(overlapped ? counting->raised > 0 : counting->raised == 0,
+          "set_exchange_alongside(true) called " + std::to_string(counting->raised) + " times (overlapped combine: " +
+              (overlapped ? "yes" : "no") + ")");
+    check(counting->raised == counting->lowered && !counting->on && !counting->nested,
+          "set_exchange_alongside: raised " + std::to_string(counting->raised) + ", lowered " +
+              std::to_string(counting->lowered) + (counting->on ? ", left on" : "") +
+              (counting->nested ? ", raised twice" : ""));
   }
   int all_failures = 0;
   MPI_Allreduce(&failures, &all_failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
