@@ -9,6 +9,7 @@
 
 #include "cuda_common.cuh"
 #include "mxtrain/wgrad_tails.hpp"
+#include "sm90_sched.cuh"
 #include "wgrad_tails.hpp"
 
 namespace mxt::sm90 {
@@ -23,8 +24,6 @@ struct TailSources {
   int32_t R[kMaxTailSets];
 };
 
-__device__ __forceinline__ int32_t clamp_rows(int32_t v, int32_t hi) { return v < 0 ? 0 : (v > hi ? hi : v); }
-
 // plan[3 (s E + e) + {0, 1, 2}] = {first leaving row in set s, rows leaving, first tail row}; toff [E + 1]. Offsets
 // are clamped into [0, R_s] and made non-decreasing as the GEMM reads them, so both see the same rows.
 __global__ void plan_tails(TailSources src, int sets, int E, int32_t* plan, int32_t* toff) {
@@ -32,8 +31,8 @@ __global__ void plan_tails(TailSources src, int sets, int E, int32_t* plan, int3
   __shared__ int32_t off[kMaxTailExperts + 1], dst[kMaxTailSets * kMaxTailExperts];
   for (int i = threadIdx.x; i < sets * E; i += blockDim.x) {
     const int s = i / E, e = i % E;
-    const int32_t lo = clamp_rows(src.off[s][e], src.R[s]);
-    int32_t hi = clamp_rows(src.off[s][e + 1], src.R[s]);
+    const int32_t lo = clamp_to(src.off[s][e], src.R[s]);
+    int32_t hi = clamp_to(src.off[s][e + 1], src.R[s]);
     if (hi < lo) hi = lo;
     r[i] = wgrad_tail_rows(lo, hi);
     first[i] = hi - r[i];

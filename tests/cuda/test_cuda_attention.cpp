@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <random>
@@ -582,33 +583,22 @@ TEST(CudaAttention, RejectsBadEnvironment) {
   const AttnShape s{1, 4, 2, 2, 64, {}};
   DeviceTensor q(*gpu, DType::BF16, {4, 2, 64}), k(*gpu, DType::BF16, {4, 2, 64}), v(*gpu, DType::BF16, {4, 2, 64}),
       o(*gpu, DType::BF16, {4, 2, 64}), l(*gpu, DType::F32, {1, 2, 4});
-  {
-    ScopedEnv env("MXTRAIN_ATTENTION", "fast");
+  // var=value must be refused by the call, with an error naming both.
+  auto rejected = [](const char* var, const char* value, const std::function<void()>& call) {
+    const std::string setting = std::string(var) + "=" + value;
+    ScopedEnv env(var, value);
     try {
-      gpu->attention_forward(s, q, k, v, o, l);
-      FAIL() << "MXTRAIN_ATTENTION=fast accepted";
+      call();
+      FAIL() << setting << " accepted";
     } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find("MXTRAIN_ATTENTION=fast"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(setting), std::string::npos) << e.what();
     }
-  }
-  {
-    ScopedEnv env("MXTRAIN_ATTENTION_VARIANT", "7");
-    try {
-      gpu->attention_backward(s, o, q, k, v, o, l, q, k, v);
-      FAIL() << "MXTRAIN_ATTENTION_VARIANT=7 accepted";
-    } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find("MXTRAIN_ATTENTION_VARIANT=7"), std::string::npos) << e.what();
-    }
-  }
-  {
-    ScopedEnv env("MXTRAIN_ATTENTION_DS", "fast");
-    try {
-      gpu->attention_backward(s, o, q, k, v, o, l, q, k, v);
-      FAIL() << "MXTRAIN_ATTENTION_DS=fast accepted";
-    } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find("MXTRAIN_ATTENTION_DS=fast"), std::string::npos) << e.what();
-    }
-  }
+  };
+  auto forward = [&] { gpu->attention_forward(s, q, k, v, o, l); };
+  auto backward = [&] { gpu->attention_backward(s, o, q, k, v, o, l, q, k, v); };
+  rejected("MXTRAIN_ATTENTION", "fast", forward);
+  rejected("MXTRAIN_ATTENTION_VARIANT", "7", backward);
+  rejected("MXTRAIN_ATTENTION_DS", "fast", backward);
 }
 
 TEST(CudaAttention, RejectsUnsupportedHeadDim) {
