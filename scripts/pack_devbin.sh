@@ -5,10 +5,19 @@
 # (`--version`: the source commit), which is also stored as NAME/VERSION; a build older than its sources is refused.
 # Session 28 measured a stale pack: the archive was still being written when the call started.
 #   bash scripts/pack_devbin.sh devbin/bins.tgz wip=build main=/tmp/wt-main/build
+#   bash scripts/pack_devbin.sh --only mxtrain_tests,bench_grouped_gemm devbin/bins.tgz wip=build main=...
+# --only LIST: mxtrain and only these of the test and bench binaries (two full builds exceed the device tool's
+# 64 MiB carry: session 52); an archive over 64 MiB gets a warning naming the biggest files.
 # On the device: mkdir m && tar xzf devbin/bins.tgz -C m; then m/wip/mxtrain ...
 set -euo pipefail
 die() { echo "pack_devbin.sh: $*" >&2; exit 2; }
-[[ $# -ge 2 ]] || die "usage: pack_devbin.sh OUT.tgz NAME=BUILD_DIR [NAME=BUILD_DIR ...]"
+only=""
+if [[ ${1:-} == --only ]]; then
+  [[ $# -ge 2 && -n $2 ]] || die "--only needs a comma-separated list of binaries"
+  only=",$2,"
+  shift 2
+fi
+[[ $# -ge 2 ]] || die "usage: pack_devbin.sh [--only BIN,...] OUT.tgz NAME=BUILD_DIR [NAME=BUILD_DIR ...]"
 out=$1
 shift
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,6 +36,7 @@ for spec in "$@"; do
   files=()
   for f in "$dir/mxtrain" "$dir"/tests/mxtrain_tests "$dir"/tests/bench_*; do
     [[ -f $f && -x $f ]] || continue
+    [[ -z $only || $(basename "$f") == mxtrain || $only == *",$(basename "$f"),"* ]] || continue
     if [[ -n $src ]]; then
       dirs=(src kernels include configs cmake CMakeLists.txt)
       [[ $(basename "$f") == mxtrain ]] || dirs+=(tests)
@@ -48,3 +58,7 @@ mkdir -p "$(dirname "$out")"
 tar czf "$out.tmp" -C "$stage" .
 mv "$out.tmp" "$out"
 echo "pack_devbin.sh: $out, $(du -h "$out" | cut -f1)"
+if [[ $(stat -c %s "$out") -gt $((64 * 1024 * 1024)) ]]; then
+  echo "pack_devbin.sh: warning: $out is over the device tool's 64 MiB carry; the largest files (--only leaves some out):" >&2
+  tar tzvf "$out" | sort -k3 -n -r | head -5 | awk '{print "  " $3 " " $6}' >&2
+fi

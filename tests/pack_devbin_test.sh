@@ -26,6 +26,16 @@ for f in new/mxtrain new/mxtrain_tests new/bench_x new/VERSION; do [[ -f $TMP/x/
 [[ $(cat "$TMP/x/new/VERSION") == "mxtrain 9.9.9 (commit 0123456789ab)" ]] || fail "VERSION: $(cat "$TMP/x/new/VERSION")"
 [[ $("$TMP/x/new/bench_x") == bench ]] || fail "bench_x changed by packing"
 
+# --only: mxtrain (for VERSION) and the listed binaries, nothing else; a bad --only is refused.
+out=$(bash "$PACK" --only bench_x "$TMP/out/only.tgz" new="$TMP/build" 2>&1) || fail "pack --only: $out"
+mkdir "$TMP/y"
+tar xzf "$TMP/out/only.tgz" -C "$TMP/y" || fail "--only archive unreadable"
+for f in new/mxtrain new/bench_x new/VERSION; do [[ -f $TMP/y/$f ]] || fail "--only: $f not packed"; done
+[[ ! -e $TMP/y/new/mxtrain_tests ]] || fail "--only bench_x packed mxtrain_tests"
+out=$(bash "$PACK" --only "" "$TMP/out/bad.tgz" new="$TMP/build" 2>&1)
+rc=$?
+[[ $rc == 2 && $out == *"--only needs"* && ! -e $TMP/out/bad.tgz ]] || fail "empty --only: rc $rc, $out"
+
 # A test source edited after the build: the test binaries are stale (mxtrain is not: it does not compile tests).
 rm -f "$TMP/out/bins.tgz"
 sleep 1
