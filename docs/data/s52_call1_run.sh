@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prepared in session 52 (no device was lent: never run) for the next session's first call. bins.tgz holds main/ (a
 # build of main) and wip/ (main with docs/data/s52_wip_lockstep_kb.patch applied by `git am`), each with mxtrain,
-# mxtrain_tests and bench_grouped_gemm (main/ also hf_baseline.py): pack each with scripts/pack_devbin.sh and keep
-# only those files (two full packs exceed the 64 MiB carry). Each step starts only before its deadline, so the
+# mxtrain_tests and bench_grouped_gemm (and hf_baseline.py): `bash scripts/pack_devbin.sh --only
+# mxtrain_tests,bench_grouped_gemm devbin/bins.tgz main=MAIN_BUILD wip=WIP_BUILD` (about 50 MB; two full packs exceed
+# the 64 MiB carry). Each step starts only before its deadline, so the
 # archive always comes back. What it runs, most important first:
 #  1. the 8x7B step (ours only), two rounds of: main; wip as it is (item lockstep: the kinfo hand-over and the
 #     producer's spills alone); wip with the k-block gate (KB=16); + the forward / dgrad gate; + serpentine wgrad;
