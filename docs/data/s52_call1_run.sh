@@ -6,7 +6,8 @@
 # the 64 MiB carry). Each step starts only before its deadline, so the
 # archive always comes back. What it runs, most important first:
 #  1. the 8x7B step (ours only), two rounds of: main; wip as it is (item lockstep: the kinfo hand-over and the
-#     producer's spills alone); wip with the k-block gate (KB=16); + the forward / dgrad gate; + serpentine wgrad;
+#     producer's spills alone); wip with the k-block gate (KB=16, and KB=32: a gate is a partial barrier, so a
+#     tighter one also makes CTAs wait on each other's jitter); + the forward / dgrad gate; + serpentine wgrad;
 #  2. the wip tests of the gates, serpentine and SetCursor (bit for bit / against the CPU twin);
 #  3. GEMM rows: the trainer-shape weight gradient (main; KB=16; KB=16 + serpentine; KB=16 + raster groups of 8),
 #     forward / dgrad (main; rows gate KB=8), the single-call weight gradient (main; lockstep on; + KB=8 + serpentine);
@@ -21,11 +22,12 @@ cat m/*/VERSION > $W/versions.txt
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,temperature.gpu --format=csv > $W/gpu.txt
 t() { echo "$SECONDS s $*" >> $W/timeline.txt; }
 ok() { [ $SECONDS -lt ${1:-530} ] || { t "skipped: $2"; return 1; }; }
-tr() { local name=$1 bin=$2; shift 2; ok 330 "tr $name" || return; env "$@" python3 scripts/bench_trainer.py --mxtrain m/$bin/mxtrain --hf-baseline none --out $W/tr_$name 8x7B-2layer > $W/tr_$name.txt 2>&1; t "tr $name"; }
+tr() { local name=$1 bin=$2; shift 2; ok 350 "tr $name" || return; env "$@" python3 scripts/bench_trainer.py --mxtrain m/$bin/mxtrain --hf-baseline none --out $W/tr_$name 8x7B-2layer > $W/tr_$name.txt 2>&1; t "tr $name"; }
 for r in 1 2; do
   tr main$r main X=1
   tr wip$r wip X=1
   tr kb$r wip MXTRAIN_GG_LOCKSTEP_KB=16
+  tr kb32_$r wip MXTRAIN_GG_LOCKSTEP_KB=32
   tr kbrows$r wip MXTRAIN_GG_LOCKSTEP_KB=16 MXTRAIN_GG_ROWS_LOCKSTEP=on
   tr kbserp$r wip MXTRAIN_GG_LOCKSTEP_KB=16 MXTRAIN_GG_ROWS_LOCKSTEP=on MXTRAIN_GG_WGRAD_SERPENTINE=on
 done
