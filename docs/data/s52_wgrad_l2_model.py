@@ -20,80 +20,47 @@ def units(g, nf=16, ns=112):
         out.append((gi * g + r % w, r // w))  # (fast = n, slow = m-pair)
     return out
 
-def run(C_mb, D, g, serp, pairs=66, E=8, K=136, seed=1, experts=8):
+def simulate(per, K, pieces, C_mb, D, serp=False, seed=1):
+    """DRAM bytes (GB) of the CTAs' (or pairs') item lists `per` of K k-blocks each, under an LRU of C_mb MB: each
+    runs a lag drawn below D k-blocks behind the front; pieces(item, k) lists the (key, bytes) read per k-block."""
     rnd = random.Random(seed)
-    us = units(g)
-    items = [(e, n, mp) for e in range(experts) for (n, mp) in us]
-    per = [items[p::pairs] for p in range(pairs)]
-    lag = [rnd.randrange(D) if D > 0 else 0 for _ in range(pairs)]
+    lag = [rnd.randrange(D) if D > 0 else 0 for _ in per]
     cap = C_mb * 2**20
     lru = collections.OrderedDict(); used = 0; dram = 0
-    T = max(len(per[p]) * K + lag[p] for p in range(pairs))
-    def touch(key, size):
-        nonlocal used, dram
-        if key in lru:
-            lru.move_to_end(key); return
-        dram += size; lru[key] = size; used += size
-        while used > cap:
-            _, s = lru.popitem(last=False); used -= s
-    for t in range(T):
-        for p in range(pairs):
-            q = t - lag[p]
-            if q < 0 or q >= len(per[p]) * K: continue
+    for t in range(max(len(items) * K + l for items, l in zip(per, lag))):
+        for items, l in zip(per, lag):
+            q = t - l
+            if q < 0 or q >= len(items) * K: continue
             j, k = divmod(q, K)
             if serp and j % 2: k = K - 1 - k
-            e, n, mp = per[p][j]
-            touch(('x', e, n, k), 32 << 10)
-            touch(('d', e, 2 * mp, k), 16 << 10)
-            touch(('d', e, 2 * mp + 1, k), 16 << 10)
-    return dram / 1e9
-
-def run_one_cta(C_mb, D, K=136, experts=8, ctas=132, seed=1):
-    """The same call with one CTA per (m-tile, n-tile) unit (no pairs): each reads its dh13 and x pieces."""
-    rnd = random.Random(seed)
-    items = [(e, n, m) for e in range(experts) for m in range(224) for n in range(16)]  # n fast
-    per = [items[c::ctas] for c in range(ctas)]
-    lag = [rnd.randrange(D) if D > 0 else 0 for _ in range(ctas)]
-    cap = C_mb * 2**20
-    lru = collections.OrderedDict(); used = 0; dram = 0
-    T = max(len(per[c]) * K + lag[c] for c in range(ctas))
-    for t in range(T):
-        for c in range(ctas):
-            q = t - lag[c]
-            if q < 0 or q >= len(per[c]) * K: continue
-            j, k = divmod(q, K)
-            e, n, m = per[c][j]
-            for key, size in ((('x', e, n, k), 32 << 10), (('d', e, m, k), 16 << 10)):
-                if key in lru: lru.move_to_end(key); continue
+            for key, size in pieces(items[j], k):
+                if key in lru:
+                    lru.move_to_end(key); continue
                 dram += size; lru[key] = size; used += size
                 while used > cap:
                     _, s = lru.popitem(last=False); used -= s
     return dram / 1e9
 
-def run_fwd(C_mb, D, pairs=66, experts=8, mt=9, n_tiles=112, K=64, seed=1):
+def run(C_mb, D, g, serp, pairs=66, K=136, experts=8):
+    """The trainer's W13 call in CTA pairs over m: a pair reads its two m-tiles' dh13 pieces and one shared x piece."""
+    items = [(e, n, mp) for e in range(experts) for (n, mp) in units(g)]
+    pieces = lambda it, k: ((('x', it[0], it[1], k), 32 << 10), (('d', it[0], 2 * it[2], k), 16 << 10),
+                            (('d', it[0], 2 * it[2] + 1, k), 16 << 10))
+    return simulate([items[p::pairs] for p in range(pairs)], K, pieces, C_mb, D, serp)
+
+def run_one_cta(C_mb, D, K=136, experts=8, ctas=132):
+    """The same call with one CTA per (m-tile, n-tile) unit (no pairs): each reads its dh13 and x pieces."""
+    items = [(e, n, m) for e in range(experts) for m in range(224) for n in range(16)]  # n fast
+    pieces = lambda it, k: ((('x', it[0], it[1], k), 32 << 10), (('d', it[0], it[2], k), 16 << 10))
+    return simulate([items[c::ctas] for c in range(ctas)], K, pieces, C_mb, D)
+
+def run_fwd(C_mb, D, pairs=66, experts=8, mt=9, n_tiles=112, K=64):
     """The forward W13 per micro-batch: per expert mt m-tiles (pairs of them, m fast) x n_tiles W13 n-tiles, K
     k-blocks; per k-block a pair reads two 16 KB x pieces and one shared 32 KB W piece."""
-    rnd = random.Random(seed)
-    groups = (mt + 1) // 2
-    items = [(e, mp, n) for e in range(experts) for n in range(n_tiles) for mp in range(groups)]
-    per = [items[p::pairs] for p in range(pairs)]
-    lag = [rnd.randrange(D) if D > 0 else 0 for _ in range(pairs)]
-    cap = C_mb * 2**20
-    lru = collections.OrderedDict(); used = 0; dram = 0
-    T = max(len(per[p]) * K + lag[p] for p in range(pairs))
-    for t in range(T):
-        for p in range(pairs):
-            q = t - lag[p]
-            if q < 0 or q >= len(per[p]) * K: continue
-            j, k = divmod(q, K)
-            e, mp, n = per[p][j]
-            for key, size in ((('w', e, n, k), 32 << 10), (('x', e, 2 * mp, k), 16 << 10), (('x', e, 2 * mp + 1, k), 16 << 10)):
-                if key in lru: lru.move_to_end(key); continue
-                dram += size; lru[key] = size; used += size
-                while used > cap:
-                    _, s = lru.popitem(last=False); used -= s
-    return dram / 1e9
-
+    items = [(e, mp, n) for e in range(experts) for n in range(n_tiles) for mp in range((mt + 1) // 2)]
+    pieces = lambda it, k: ((('w', it[0], it[2], k), 32 << 10), (('x', it[0], 2 * it[1], k), 16 << 10),
+                            (('x', it[0], 2 * it[1] + 1, k), 16 << 10))
+    return simulate([items[p::pairs] for p in range(pairs)], K, pieces, C_mb, D)
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser()
