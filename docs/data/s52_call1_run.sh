@@ -3,8 +3,9 @@
 # build of main) and wip/ (main with docs/data/s52_wip_lockstep_kb.patch applied by `git am`), each with mxtrain,
 # mxtrain_tests and bench_grouped_gemm (and hf_baseline.py): `bash scripts/pack_devbin.sh --only
 # mxtrain_tests,bench_grouped_gemm devbin/bins.tgz main=MAIN_BUILD wip=WIP_BUILD` (about 50 MB; two full packs exceed
-# the 64 MiB carry). Each step starts only before its deadline, so the
-# archive always comes back. What it runs, most important first:
+# the 64 MiB carry). Each step starts only before its deadline, so the archive always comes back. The trainer runs
+# share one init cache (--init-cache: main since session 52): the first draws and writes the 8x7B weights (15.8 GB under
+# /tmp/mxt-init-cache), the others read them back (about 10 s less each; the timed steps do not change). What it runs, most important first:
 #  1. the 8x7B step (ours only), two rounds of: main; wip as it is (item lockstep: the kinfo hand-over and the
 #     producer's spills alone); wip with the k-block gate (KB=16, and KB=32: a gate is a partial barrier, so a
 #     tighter one also makes CTAs wait on each other's jitter); + the forward / dgrad gate; + serpentine wgrad;
@@ -22,7 +23,7 @@ cat m/*/VERSION > $W/versions.txt
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,temperature.gpu --format=csv > $W/gpu.txt
 t() { echo "$SECONDS s $*" >> $W/timeline.txt; }
 ok() { [ $SECONDS -lt ${1:-530} ] || { t "skipped: $2"; return 1; }; }
-tr() { local name=$1 bin=$2; shift 2; ok 350 "tr $name" || return; env "$@" python3 scripts/bench_trainer.py --mxtrain m/$bin/mxtrain --hf-baseline none --out $W/tr_$name 8x7B-2layer > $W/tr_$name.txt 2>&1; t "tr $name"; }
+tr() { local name=$1 bin=$2; shift 2; ok 350 "tr $name" || return; env "$@" python3 scripts/bench_trainer.py --init-cache /tmp/mxt-init-cache --mxtrain m/$bin/mxtrain --hf-baseline none --out $W/tr_$name 8x7B-2layer > $W/tr_$name.txt 2>&1; t "tr $name"; }
 for r in 1 2; do
   tr main$r main X=1
   tr wip$r wip X=1

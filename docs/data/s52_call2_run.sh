@@ -14,12 +14,12 @@ mkdir -p m && tar xzf devbin/bins.tgz -C m
 W=$(mktemp -d /tmp/s52c2.XXXX)
 t() { echo "$SECONDS s $*" >> $W/timeline.txt; }
 for r in 1 2; do
-  env $BEST python3 scripts/bench_trainer.py --mxtrain m/$BIN/mxtrain --hf-baseline m/main/hf_baseline.py --sample-gpu \
+  env $BEST python3 scripts/bench_trainer.py --init-cache /tmp/mxt-init-cache --mxtrain m/$BIN/mxtrain --hf-baseline m/main/hf_baseline.py --sample-gpu \
     --out $W/hf$r 8x7B-2layer > $W/hf$r.txt 2>&1; t "hf round $r"
 done
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 nc() { local name=$1 bin=$2 kre=$3 count=$4; shift 4; [ $SECONDS -lt 480 ] || { t "skipped ncu $name"; return; }
-  env "$@" timeout 120 "$NCU" --clock-control none --kernel-name-base mangled -k regex:"$kre" --launch-count $count \
+  env MXTRAIN_INIT_CACHE=/tmp/mxt-init-cache "$@" timeout 120 "$NCU" --clock-control none --kernel-name-base mangled -k regex:"$kre" --launch-count $count \
     --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum --csv \
     --log-file $W/ncu_$name.csv m/$bin/mxtrain --config-name bench_8x7B_2layer backend=cuda dataset.source=random \
     num_train_steps=2 > $W/ncu_$name.log 2>&1; t "ncu $name rc $?"; }

@@ -15,6 +15,7 @@
 #include "mxtrain/wgrad_tails.hpp"
 #include "mxtrain/checkpoint.hpp"
 #include "mxtrain/cpus.hpp"
+#include "mxtrain/init_cache.hpp"
 #include "mxtrain/lr_schedule.hpp"
 #include "mxtrain/metrics.hpp"
 #include "mxtrain/safetensors.hpp"
@@ -114,10 +115,24 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   std::unique_ptr<float[]> drawn_dense, drawn_expert;
   std::vector<float> read_dense, read_expert;
   const float *dense, *expert;
+  std::string weights_from = cfg.init_from_pretrained.empty() ? "initialised" : "read";
   if (cfg.init_from_pretrained.empty()) {
     drawn_dense.reset(new float[layout_.dense_numel]);
     drawn_expert.reset(new float[layout_.expert_numel]);
-    init_params_host(layout_, cfg.model, cfg.seed, drawn_dense.get(), drawn_expert.get());
+    const char* cache = std::getenv("MXTRAIN_INIT_CACHE");  // opt-in (benchmarks): mxtrain/init_cache.hpp
+    if (cache != nullptr && *cache != 0) {
+      std::string note;
+      const bool hit =
+          init_params_cached(cache, layout_, cfg.model, cfg.seed, drawn_dense.get(), drawn_expert.get(), note);
+      if (hit) weights_from = "read from the init cache";
+      if (hit || note.rfind("written to ", 0) == 0) {  // nothing went wrong
+        if (rank_ == 0) spdlog::info("MXTRAIN_INIT_CACHE: {}", note);
+      } else {
+        spdlog::warn("MXTRAIN_INIT_CACHE: {}", note);
+      }
+    } else {
+      init_params_host(layout_, cfg.model, cfg.seed, drawn_dense.get(), drawn_expert.get());
+    }
     dense = drawn_dense.get();
     expert = drawn_expert.get();
   } else {
@@ -193,7 +208,7 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
                  "grad_acc_steps micro-batches", cfg.lm_head_wgrad_micro_batches, lm_head_wgrad_group(cfg));
   if (rank_ == 0)
     spdlog::info("set-up: weights {} in {:.1f} s, {:.1f} GB to the {} in {:.1f} s (with the working copies), model "
-                 "buffers in {:.1f} s", cfg.init_from_pretrained.empty() ? "initialised" : "read", init_s, upload_gb,
+                 "buffers in {:.1f} s", weights_from, init_s, upload_gb,
                  ops_.name(), upload_s, secs(t0));
 }
 
