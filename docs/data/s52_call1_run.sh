@@ -35,10 +35,10 @@ done
 ok 400 tests-wip && { timeout 90 m/wip/mxtrain_tests --gtest_filter='*Lockstep*:*Serpentine*:GroupedSchedule.*:CudaGroupedGemmSwiglu.*:CudaExpertWgradGroup.*' > $W/tests_wip.txt 2>&1; echo "rc $?" >> $W/tests_wip.txt; t tests-wip; }
 G="--no-wmma --shape 8x7B --runs 10"
 gg() { local name=$1 bin=$2 ops=$3; shift 3; ok 520 "gg $name" || return; env "$@" timeout 60 m/$bin/bench_grouped_gemm $G --ops $ops > $W/gg_$name.txt 2>&1; t "gg $name"; }
-gg tw_main main "wgrad --trainer-wgrad" X=1
-gg tw_kb16 wip "wgrad --trainer-wgrad" MXTRAIN_GG_LOCKSTEP_KB=16
-gg tw_serp wip "wgrad --trainer-wgrad" MXTRAIN_GG_LOCKSTEP_KB=16 MXTRAIN_GG_WGRAD_SERPENTINE=on
-gg tw_group8 wip "wgrad --trainer-wgrad" MXTRAIN_GG_LOCKSTEP_KB=16 MXTRAIN_GG_WGRAD_GROUP=8
+gg tw_main main "wgrad --trainer-call" X=1
+gg tw_kb16 wip "wgrad --trainer-call" MXTRAIN_GG_LOCKSTEP_KB=16
+gg tw_serp wip "wgrad --trainer-call" MXTRAIN_GG_LOCKSTEP_KB=16 MXTRAIN_GG_WGRAD_SERPENTINE=on
+gg tw_group8 wip "wgrad --trainer-call" MXTRAIN_GG_LOCKSTEP_KB=16 MXTRAIN_GG_WGRAD_GROUP=8
 gg rows_main main fwd,dgrad X=1
 gg rows_kb8 wip fwd,dgrad MXTRAIN_GG_ROWS_LOCKSTEP=on MXTRAIN_GG_LOCKSTEP_KB=8
 gg wgrad_main main wgrad X=1

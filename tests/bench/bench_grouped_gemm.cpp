@@ -26,8 +26,9 @@
 // --gemm-sms N: our persistent kernels on N SMs (CudaOps::set_sm_reserve; cuBLASLt keeps all of them), e.g. to see
 // whether a phase of them is limited per SM or by the whole GPU's L2 (docs/perf.md, session 41).
 //
-// Usage: bench_grouped_gemm [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--ops fwd,dgrad,wgrad] [--trainer-wgrad]
-//        [--no-wmma] [--no-cluster] [--sustain S] [--wgrad-groups G,...] [--gemm-sms N]
+// --trainer-call: as --trainer-wgrad, but only the trainer's call itself (its six rows per weight), for A/B calls.
+// Usage: bench_grouped_gemm [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--ops fwd,dgrad,wgrad]
+//        [--trainer-wgrad|--trainer-call] [--no-wmma] [--no-cluster] [--sustain S] [--wgrad-groups G,...] [--gemm-sms N]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -69,6 +70,7 @@ std::string clocks_note() {
 int g_op_mask = 7;  // --ops: bit k runs the ops of kind k (0 forward, 1 dgrad, 2 wgrad)
 std::vector<int> g_wgrad_groups;  // --wgrad-groups 2,4,8: the trainer-shape wgrad also with those raster groups
 bool g_trainer_wgrad = false;  // --trainer-wgrad: the weight gradients' trainer-shape rows only (for ncu)
+bool g_trainer_call_only = false;  // --trainer-call: of those, only the trainer's call itself (A/B of its settings)
 
 using namespace mxt::bench;
 using mxt::DType;
@@ -396,7 +398,8 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       };
       std::vector<TwVariant> variants;
       for (const int cl : {1, 2, 3})
-        for (int tail = 0; tail < (cl == 3 ? 1 : 3); ++tail) variants.push_back({cl, tail, 0, 0});
+        for (int tail = 0; tail < (cl == 3 ? 1 : 3); ++tail)
+          if (!g_trainer_call_only) variants.push_back({cl, tail, 0, 0});
       for (const int g : g_wgrad_groups)
         for (const int hints : {0, 1}) variants.push_back({3, 0, g, hints});
       for (const auto& [cl, tail, group, hints] : variants) {
@@ -519,8 +522,9 @@ int main(int argc, char** argv) {
         }
         g_wgrad_groups.push_back(static_cast<int>(g));
       }
-    } else if (a == "--trainer-wgrad") {
+    } else if (a == "--trainer-wgrad" || a == "--trainer-call") {
       g_trainer_wgrad = true;
+      g_trainer_call_only = a == "--trainer-call";
       g_op_mask = 4;
     } else if (a == "--no-wmma") {
       with_wmma = false;
@@ -536,8 +540,9 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--ops fwd,dgrad,wgrad] [--trainer-wgrad] "
-                   "[--no-wmma] [--no-cluster] [--sustain S] [--wgrad-groups G,...] [--gemm-sms N]\n",
+                   "usage: %s [--runs N] [--shape 8x7B|8x1B|8x1B-mb1|all] [--ops fwd,dgrad,wgrad] "
+                   "[--trainer-wgrad|--trainer-call] [--no-wmma] [--no-cluster] [--sustain S] [--wgrad-groups G,...] "
+                   "[--gemm-sms N]\n",
                    argv[0]);
       return 2;
     }
