@@ -123,5 +123,22 @@ TEST(InitCache, ACacheThatCannotBeWrittenStillInitialises) {
   EXPECT_TRUE(same_bits(d.dense, want.dense) && same_bits(d.expert, want.expert));
 }
 
+// A cache file stays valid only while init_params_host draws what it drew when the file was written; its key holds
+// a generator version for that. These values pin the draws: when they change, bump kGeneratorVersion in
+// src/model/init_cache.cpp (or old cache files would hand out the old weights) and update them here.
+TEST(InitCache, GeneratorVersionPinsTheDraws) {
+  const ModelConfig m = testing::tiny_model(300, 32, 48);
+  const ParamLayout layout = ParamLayout::build(m, 0, 4);
+  Drawn d;
+  init_params_host(layout, m, 2026, d.dense, d.expert);
+  const std::vector<float> first_dense = {0x1.beab98p-7f, -0x1.bb473cp-8f, -0x1.0dd5dcp-6f};
+  const std::vector<float> last_expert = {-0x1.e715f6p-6f, -0x1.47f4ep-5f, -0x1.d977cep-23f};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(d.dense[i], first_dense[i]) << "dense[" << i << "]: bump kGeneratorVersion (init_cache.cpp)";
+    EXPECT_EQ(d.expert[d.expert.size() - 1 - i], last_expert[i])
+        << "expert[n - " << 1 + i << "]: bump kGeneratorVersion (init_cache.cpp)";
+  }
+}
+
 }  // namespace
 }  // namespace mxt
