@@ -26,7 +26,8 @@ struct Drawn {
 // Through the cache into NaN-filled buffers (so an element the cache leaves out shows).
 Drawn cached(const std::string& dir, const ParamLayout& layout, const ModelConfig& m, uint64_t seed, bool& hit,
              std::string& note) {
-  Drawn d{std::vector<float>(layout.dense_numel, std::nanf("")), std::vector<float>(layout.expert_numel, std::nanf(""))};
+  Drawn d{std::vector<float>(layout.dense_numel, std::nanf("")),
+          std::vector<float>(layout.expert_numel, std::nanf(""))};
   hit = init_params_cached(dir, layout, m, seed, d.dense.data(), d.expert.data(), note);
   return d;
 }
@@ -96,7 +97,8 @@ TEST(InitCache, AFileThatIsNotThisModelsIsDrawnAgainAndReplaced) {
   }
   {  // the right size, another header: as a file of another model would be
     std::vector<char> bytes(std::filesystem::file_size(path), 0);
-    std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(path, std::ios::binary | std::ios::trunc)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     const Drawn d = cached(tmp.path(""), layout, m, 7, hit, note);
     EXPECT_FALSE(hit);
     EXPECT_NE(note.find("drawn again"), std::string::npos) << note;

@@ -67,23 +67,11 @@ bool parallel_io(const std::vector<Piece>& pieces, F io) {
   return ok;
 }
 
-bool full_pread(int fd, void* buf, size_t bytes, off_t at) {
+// Reads (or writes) `bytes` at file offset `at`, resuming after short transfers and EINTR.
+bool full_io(bool write, int fd, void* buf, size_t bytes, off_t at) {
   auto* p = static_cast<char*>(buf);
   while (bytes > 0) {
-    const ssize_t r = ::pread(fd, p, bytes, at);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    at += r;
-    bytes -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-bool full_pwrite(int fd, const void* buf, size_t bytes, off_t at) {
-  const auto* p = static_cast<const char*>(buf);
-  while (bytes > 0) {
-    const ssize_t r = ::pwrite(fd, p, bytes, at);
+    const ssize_t r = write ? ::pwrite(fd, p, bytes, at) : ::pread(fd, p, bytes, at);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
     p += r;
@@ -105,14 +93,14 @@ bool read_file(const std::string& path, uint64_t key, const ParamLayout& layout,
   struct stat st {};
   const off_t want = static_cast<off_t>(sizeof(Header)) +
                      static_cast<off_t>((layout.dense_numel + layout.expert_numel) * sizeof(float));
-  bool ok = full_pread(fd, &h, sizeof(h), 0) && std::memcmp(h.magic, kMagic, sizeof(kMagic)) == 0 && h.key == key &&
-            h.dense_numel == layout.dense_numel && h.expert_numel == layout.expert_numel && ::fstat(fd, &st) == 0 &&
-            st.st_size == want;
+  bool ok = full_io(false, fd, &h, sizeof(h), 0) && std::memcmp(h.magic, kMagic, sizeof(kMagic)) == 0 &&
+            h.key == key && h.dense_numel == layout.dense_numel && h.expert_numel == layout.expert_numel &&
+            ::fstat(fd, &st) == 0 && st.st_size == want;
   if (!ok) {
     note = path + ": not this model's initial weights (header or size differ): drawn again";
   } else {
     ok = parallel_io(pieces_of(dense, layout.dense_numel, expert, layout.expert_numel), [&](const Piece& p) {
-      return full_pread(fd, p.dst, static_cast<size_t>(p.count) * sizeof(float), p.at);
+      return full_io(false, fd, p.dst, static_cast<size_t>(p.count) * sizeof(float), p.at);
     });
     if (!ok) note = path + ": short read: drawn again";
   }
@@ -136,7 +124,7 @@ bool write_file(const std::string& path, uint64_t key, const ParamLayout& layout
   h.expert_numel = layout.expert_numel;
   std::atomic<int> err{0};  // the first failing write's errno (set by whichever thread failed)
   auto write = [&](const void* buf, size_t bytes, off_t at) {
-    if (full_pwrite(fd, buf, bytes, at)) return true;
+    if (full_io(true, fd, const_cast<void*>(buf), bytes, at)) return true;
     int none = 0;
     err.compare_exchange_strong(none, errno ? errno : EIO);
     return false;
@@ -144,7 +132,9 @@ bool write_file(const std::string& path, uint64_t key, const ParamLayout& layout
   bool ok = write(&h, sizeof(h), 0) &&
             parallel_io(pieces_of(const_cast<float*>(dense), layout.dense_numel, const_cast<float*>(expert),
                                   layout.expert_numel),
-                        [&](const Piece& p) { return write(p.dst, static_cast<size_t>(p.count) * sizeof(float), p.at); });
+                        [&](const Piece& p) {
+                          return write(p.dst, static_cast<size_t>(p.count) * sizeof(float), p.at);
+                        });
   if (::close(fd) != 0 && ok) {
     err = errno;
     ok = false;
