@@ -24,11 +24,11 @@ struct Drawn {
 };
 
 // Through the cache into NaN-filled buffers (so an element the cache leaves out shows).
-Drawn cached(const std::string& dir, const ParamLayout& layout, const ModelConfig& m, uint64_t seed, bool& hit,
-             std::string& note) {
+Drawn cached(const std::string& dir, const ParamLayout& layout, const ModelConfig& m, uint64_t seed,
+             InitCacheOutcome& o) {
   Drawn d{std::vector<float>(layout.dense_numel, std::nanf("")),
           std::vector<float>(layout.expert_numel, std::nanf(""))};
-  hit = init_params_cached(dir, layout, m, seed, d.dense.data(), d.expert.data(), note);
+  o = init_params_cached(dir, layout, m, seed, d.dense.data(), d.expert.data());
   return d;
 }
 
@@ -44,20 +44,21 @@ TEST(InitCache, ReadsBackExactlyWhatItDrew) {
   Drawn want;
   init_params_host(layout, m, 41, want.dense, want.expert);
 
-  bool hit = true;
-  std::string note;
-  const Drawn first = cached(dir, layout, m, 41, hit, note);
-  EXPECT_FALSE(hit);
-  EXPECT_EQ(note.rfind("written to ", 0), 0u) << note;
+  InitCacheOutcome o;
+  const Drawn first = cached(dir, layout, m, 41, o);
+  EXPECT_EQ(o.how, InitCacheOutcome::kWritten);
+  EXPECT_TRUE(o.problem.empty()) << o.problem;
   EXPECT_TRUE(same_bits(first.dense, want.dense) && same_bits(first.expert, want.expert));
   const std::string path = init_cache_path(dir, init_cache_key(layout, m, 41));
   ASSERT_TRUE(std::filesystem::exists(path)) << path;
   EXPECT_EQ(std::filesystem::file_size(path),
             static_cast<uintmax_t>(32 + (layout.dense_numel + layout.expert_numel) * 4));  // header + floats
 
-  const Drawn second = cached(dir, layout, m, 41, hit, note);
-  EXPECT_TRUE(hit) << note;
-  EXPECT_EQ(note, "read from " + path);
+  EXPECT_EQ(o.path, path);
+  const Drawn second = cached(dir, layout, m, 41, o);
+  EXPECT_EQ(o.how, InitCacheOutcome::kRead) << o.problem;
+  EXPECT_EQ(o.path, path);
+  EXPECT_TRUE(o.problem.empty()) << o.problem;
   EXPECT_TRUE(same_bits(second.dense, want.dense)) << "dense weights read back differ";
   EXPECT_TRUE(same_bits(second.expert, want.expert)) << "expert weights read back differ";
   int files = 0;
@@ -86,26 +87,25 @@ TEST(InitCache, AFileThatIsNotThisModelsIsDrawnAgainAndReplaced) {
   Drawn want;
   init_params_host(layout, m, 7, want.dense, want.expert);
   const std::string path = init_cache_path(tmp.path(""), init_cache_key(layout, m, 7));
-  bool hit = true;
-  std::string note;
+  InitCacheOutcome o;
   {  // the right name, a short file
     std::ofstream(path, std::ios::binary) << "MXTINIT1 and then too little";
-    const Drawn d = cached(tmp.path(""), layout, m, 7, hit, note);
-    EXPECT_FALSE(hit);
-    EXPECT_NE(note.find("drawn again"), std::string::npos) << note;
+    const Drawn d = cached(tmp.path(""), layout, m, 7, o);
+    EXPECT_EQ(o.how, InitCacheOutcome::kWritten);
+    EXPECT_NE(o.problem.find("drawn again"), std::string::npos) << o.problem;
     EXPECT_TRUE(same_bits(d.dense, want.dense) && same_bits(d.expert, want.expert));
   }
   {  // the right size, another header: as a file of another model would be
     std::vector<char> bytes(std::filesystem::file_size(path), 0);
     std::ofstream(path, std::ios::binary | std::ios::trunc)
         .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    const Drawn d = cached(tmp.path(""), layout, m, 7, hit, note);
-    EXPECT_FALSE(hit);
-    EXPECT_NE(note.find("drawn again"), std::string::npos) << note;
+    const Drawn d = cached(tmp.path(""), layout, m, 7, o);
+    EXPECT_EQ(o.how, InitCacheOutcome::kWritten);
+    EXPECT_NE(o.problem.find("drawn again"), std::string::npos) << o.problem;
     EXPECT_TRUE(same_bits(d.dense, want.dense) && same_bits(d.expert, want.expert));
   }
-  const Drawn d = cached(tmp.path(""), layout, m, 7, hit, note);  // replaced by the draws above
-  EXPECT_TRUE(hit) << note;
+  const Drawn d = cached(tmp.path(""), layout, m, 7, o);  // replaced by the draws above
+  EXPECT_EQ(o.how, InitCacheOutcome::kRead) << o.problem;
   EXPECT_TRUE(same_bits(d.dense, want.dense) && same_bits(d.expert, want.expert));
 }
 
@@ -116,12 +116,10 @@ TEST(InitCache, ACacheThatCannotBeWrittenStillInitialises) {
   const ParamLayout layout = ParamLayout::build(m, 0, 4);
   Drawn want;
   init_params_host(layout, m, 3, want.dense, want.expert);
-  bool hit = true;
-  std::string note;
-  const Drawn d = cached(file + "/cache", layout, m, 3, hit, note);
-  EXPECT_FALSE(hit);
-  EXPECT_EQ(note.rfind("written to ", 0), std::string::npos) << note;
-  EXPECT_FALSE(note.empty());
+  InitCacheOutcome o;
+  const Drawn d = cached(file + "/cache", layout, m, 3, o);
+  EXPECT_EQ(o.how, InitCacheOutcome::kNotWritten);
+  EXPECT_FALSE(o.problem.empty());
   EXPECT_TRUE(same_bits(d.dense, want.dense) && same_bits(d.expert, want.expert));
 }
 

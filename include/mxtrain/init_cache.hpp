@@ -17,11 +17,17 @@ uint64_t init_cache_key(const ParamLayout& layout, const ModelConfig& m, uint64_
 // The file for that key under dir.
 std::string init_cache_path(const std::string& dir, uint64_t key);
 
+// What init_params_cached did: read the key's file, or drew the values and wrote it, or drew them and could not.
+struct InitCacheOutcome {
+  enum How { kRead, kWritten, kNotWritten } how;
+  std::string path;     // the key's file
+  std::string problem;  // what went wrong, for the log (a file of another model, a cache that cannot be written)
+};
+
 // init_params_host through the cache in dir (created if missing): reads the key's file when its header and size
-// match, else draws and writes it (to a temporary name, then renamed, so no reader sees half a file). Returns true
-// when the values came from the file. A cache that cannot be read or written never fails the run: `note` says
-// what happened, for the log.
-bool init_params_cached(const std::string& dir, const ParamLayout& layout, const ModelConfig& m, uint64_t seed,
-                        float* dense, float* expert, std::string& note);
+// match, else draws and writes it (to a temporary name, then renamed, so no reader sees half a file). A cache that
+// cannot be read or written never fails the run: the values are drawn, and `problem` says why.
+InitCacheOutcome init_params_cached(const std::string& dir, const ParamLayout& layout, const ModelConfig& m,
+                                    uint64_t seed, float* dense, float* expert);
 
 }  // namespace mxt

@@ -81,12 +81,12 @@ bool full_io(bool write, int fd, void* buf, size_t bytes, off_t at) {
   return true;
 }
 
-// Reads the key's file into dense / expert; false (and why, in note) when it is missing or does not match.
+// Reads the key's file into dense / expert; false (and why, in problem) when it is missing or does not match.
 bool read_file(const std::string& path, uint64_t key, const ParamLayout& layout, float* dense, float* expert,
-               std::string& note) {
+               std::string& problem) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    note = errno == ENOENT ? "" : path + ": " + std::strerror(errno);
+    problem = errno == ENOENT ? "" : path + ": " + std::strerror(errno);
     return false;
   }
   Header h{};
@@ -97,12 +97,12 @@ bool read_file(const std::string& path, uint64_t key, const ParamLayout& layout,
             h.key == key && h.dense_numel == layout.dense_numel && h.expert_numel == layout.expert_numel &&
             ::fstat(fd, &st) == 0 && st.st_size == want;
   if (!ok) {
-    note = path + ": not this model's initial weights (header or size differ): drawn again";
+    problem = path + ": not this model's initial weights (header or size differ): drawn again";
   } else {
     ok = parallel_io(pieces_of(dense, layout.dense_numel, expert, layout.expert_numel), [&](const Piece& p) {
       return full_io(false, fd, p.dst, static_cast<size_t>(p.count) * sizeof(float), p.at);
     });
-    if (!ok) note = path + ": short read: drawn again";
+    if (!ok) problem = path + ": short read: drawn again";
   }
   ::close(fd);
   return ok;
@@ -110,11 +110,11 @@ bool read_file(const std::string& path, uint64_t key, const ParamLayout& layout,
 
 // Writes dense / expert under a temporary name, then renames it into place; false (and why) on any failure.
 bool write_file(const std::string& path, uint64_t key, const ParamLayout& layout, const float* dense,
-                const float* expert, std::string& note) {
+                const float* expert, std::string& problem) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    note = tmp + ": " + std::strerror(errno);
+    problem = tmp + ": " + std::strerror(errno);
     return false;
   }
   Header h{};
@@ -144,7 +144,7 @@ bool write_file(const std::string& path, uint64_t key, const ParamLayout& layout
     ok = false;
   }
   if (!ok) {
-    note = path + ": not written (" + std::strerror(err.load()) + ")";
+    problem = path + ": not written (" + std::strerror(err.load()) + ")";
     ::unlink(tmp.c_str());
   }
   return ok;
@@ -172,27 +172,24 @@ std::string init_cache_path(const std::string& dir, uint64_t key) {
   return (std::filesystem::path(dir) / name).string();
 }
 
-bool init_params_cached(const std::string& dir, const ParamLayout& layout, const ModelConfig& m, uint64_t seed,
-                        float* dense, float* expert, std::string& note) {
-  note.clear();
+InitCacheOutcome init_params_cached(const std::string& dir, const ParamLayout& layout, const ModelConfig& m,
+                                    uint64_t seed, float* dense, float* expert) {
   const uint64_t key = init_cache_key(layout, m, seed);
-  const std::string path = init_cache_path(dir, key);
-  if (read_file(path, key, layout, dense, expert, note)) {
-    note = "read from " + path;
-    return true;
-  }
-  const std::string why = note;
+  InitCacheOutcome o{InitCacheOutcome::kRead, init_cache_path(dir, key), {}};
+  if (read_file(o.path, key, layout, dense, expert, o.problem)) return o;
   init_params_host(layout, m, seed, dense, expert);
+  auto add_problem = [&](const std::string& what) { o.problem += (o.problem.empty() ? "" : "; ") + what; };
+  o.how = InitCacheOutcome::kNotWritten;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    note = (why.empty() ? "" : why + "; ") + dir + ": " + ec.message() + " (not cached)";
-    return false;
-  }
-  std::string wrote;
-  note = write_file(path, key, layout, dense, expert, wrote) ? (why.empty() ? "" : why + "; ") + "written to " + path
-                                                              : (why.empty() ? "" : why + "; ") + wrote;
-  return false;
+  std::string why;
+  if (ec)
+    add_problem(dir + ": " + ec.message() + " (not cached)");
+  else if (write_file(o.path, key, layout, dense, expert, why))
+    o.how = InitCacheOutcome::kWritten;
+  else
+    add_problem(why);
+  return o;
 }
 
 }  // namespace mxt

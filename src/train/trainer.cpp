@@ -121,15 +121,13 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
     drawn_expert.reset(new float[layout_.expert_numel]);
     const char* cache = std::getenv("MXTRAIN_INIT_CACHE");  // opt-in (benchmarks): mxtrain/init_cache.hpp
     if (cache != nullptr && *cache != 0) {
-      std::string note;
-      const bool hit =
-          init_params_cached(cache, layout_, cfg.model, cfg.seed, drawn_dense.get(), drawn_expert.get(), note);
-      if (hit) weights_from = "read from the init cache";
-      if (hit || note.rfind("written to ", 0) == 0) {  // nothing went wrong
-        if (rank_ == 0) spdlog::info("MXTRAIN_INIT_CACHE: {}", note);
-      } else {
-        spdlog::warn("MXTRAIN_INIT_CACHE: {}", note);
-      }
+      const InitCacheOutcome o =
+          init_params_cached(cache, layout_, cfg.model, cfg.seed, drawn_dense.get(), drawn_expert.get());
+      if (!o.problem.empty()) spdlog::warn("MXTRAIN_INIT_CACHE: {}", o.problem);
+      if (o.how == InitCacheOutcome::kRead) weights_from = "read from the init cache";
+      if (rank_ == 0 && o.how != InitCacheOutcome::kNotWritten)
+        spdlog::info("MXTRAIN_INIT_CACHE: {} {}", o.how == InitCacheOutcome::kRead ? "read from" : "written to",
+                     o.path);
     } else {
       init_params_host(layout_, cfg.model, cfg.seed, drawn_dense.get(), drawn_expert.get());
     }

@@ -397,9 +397,9 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
         int cl, tail, group, hints;
       };
       std::vector<TwVariant> variants;
-      for (const int cl : {1, 2, 3})
-        for (int tail = 0; tail < (cl == 3 ? 1 : 3); ++tail)
-          if (!g_trainer_call_only) variants.push_back({cl, tail, 0, 0});
+      if (!g_trainer_call_only)
+        for (const int cl : {1, 2, 3})
+          for (int tail = 0; tail < (cl == 3 ? 1 : 3); ++tail) variants.push_back({cl, tail, 0, 0});
       for (const int g : g_wgrad_groups)
         for (const int hints : {0, 1}) variants.push_back({3, 0, g, hints});
       for (const auto& [cl, tail, group, hints] : variants) {
