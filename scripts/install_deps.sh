@@ -6,7 +6,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  cmake make g++
+  cmake make g++ binutils
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev
   libopenmpi-dev openmpi-bin
   libgtest-dev libopenblas-dev nlohmann-json3-dev zlib1g-dev

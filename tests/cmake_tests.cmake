@@ -39,3 +39,13 @@ if(MXT_PYTHON3)
   set_tests_properties(ncu_table PROPERTIES
                        PASS_REGULAR_EXPRESSION "\\| c1 \\| 9\\.26 \\| 1\\.56 \\| 78\\.1 \\| 88\\.5 \\| 44\\.6 \\| 3\\.76 \\| 1\\.14 \\|.*\\| noepi \\| 7\\.64 \\|")
 endif()
+
+# scripts/sass_local_memory.py (spill sites by source line, no disassembler) on a sample of known lines, and
+# scripts/kernel_cubin.sh on this build.
+if(MXT_PYTHON3 AND MXTRAIN_HAVE_CUDA)
+  add_test(NAME sass_local_memory COMMAND bash ${CMAKE_SOURCE_DIR}/tests/sass_local_memory_test.sh
+           ${CMAKE_CUDA_COMPILER} ${CMAKE_SOURCE_DIR}/scripts/sass_local_memory.py
+           ${CMAKE_SOURCE_DIR}/tests/local_memory_sample.cu ${CMAKE_SOURCE_DIR}/scripts/kernel_cubin.sh
+           ${CMAKE_BINARY_DIR})
+  set_tests_properties(sass_local_memory PROPERTIES PASS_REGULAR_EXPRESSION "sass_local_memory: all passed")
+endif()
