@@ -19,6 +19,7 @@ import collections
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -136,6 +137,7 @@ def source_line(dirs, file, line, cache={}):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet under `| head`
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cubin")
     ap.add_argument("--kernel", default="", help="only kernels whose mangled or demangled name matches this regex")
