@@ -9,7 +9,10 @@ if [[ $# -lt 2 ]]; then
 fi
 build=$1 out=$2
 shift 2
-[[ -f $build/Makefile ]] || { echo "kernel_cubin: $build has no Makefile (configure it with scripts/build.sh)" >&2; exit 2; }
+if [[ ! -f $build/Makefile ]]; then
+  echo "kernel_cubin: $build has no Makefile (configure it with scripts/build.sh)" >&2
+  exit 2
+fi
 mkdir -p "$out" || exit 2
 out=$(cd "$out" && pwd)
 # make -B -n prints every compile line of the target without running it (each after its `cd` into the object dir).

@@ -12,6 +12,14 @@ LDL is 0x983, STL 0x387 (checked against ptxas -v: in grouped_gemm_sm90.cu every
 frame has none, every one with spills has some; tests/sass_local_memory_test.sh checks a kernel of known lines).
 Addresses map to lines through the DWARF line table that -lineinfo adds, read with binutils' readelf; the line is
 the innermost inlined one, so a spill inside an inlined helper names the helper's line.
+
+Loops: a backward BRA (opcode 0x947; its target is the next instruction + 4 x (bits 16-23 + 256 x the signed bits
+34-81)) spans a loop from its target to itself, and each site is listed with the shortest such span that holds it:
+its size and first line (the consumer's k-loop of a grouped GEMM is about a thousand instructions from its `for`).
+It is the code's layout, not its control flow: a block that ptxas places out of line can sit inside a span it does
+not run in, so read the span's first line before calling a site hot. That decoding lands all 5,539 branches of
+grouped_gemm_sm90.cu's 20 kernels inside their kernel, on the k-loops, item loops and mbarrier spin loops where the
+source has them; a branch that lands elsewhere stops the script (not sm_90 code, or a new form).
 """
 import argparse
 import bisect
@@ -24,7 +32,7 @@ import struct
 import subprocess
 import sys
 
-LDL, STL = 0x983, 0x387
+LDL, STL, BRA = 0x983, 0x387, 0x947
 
 
 def fail(msg):
@@ -55,19 +63,42 @@ def read_sections(path):
     return data, e_flags, {name(r[0]): (r[4], r[5]) for r in raw}
 
 
-def local_sites(data, sections):
-    """{kernel symbol: (instruction count, [(address, 'LDL' | 'STL')])} from the .text.<symbol> sections."""
+def branch_target(a, lo, hi):
+    """The target address of the BRA at address a (its two 64-bit words lo, hi)."""
+    high = (lo >> 34) | ((hi & 0x3FFFF) << 30)  # 48 bits, signed
+    if high >> 47:
+        high -= 1 << 48
+    return a + 16 + 4 * (((lo >> 16) & 0xFF) + 256 * high)
+
+
+def local_sites(path, data, sections):
+    """{kernel symbol: (instruction count, [(address, 'LDL' | 'STL')], [(loop start, loop end)])} from the
+    .text.<symbol> sections; the loops are the spans of the backward branches, one per start (the longest)."""
     out = {}
     for sec, (off, size) in sections.items():
         if not sec.startswith(".text."):
             continue
-        sites = []
+        sites, loops = [], {}
         for a in range(0, size - size % 16, 16):
-            op = struct.unpack_from("<Q", data, off + a)[0] & 0xFFF
+            lo, hi = struct.unpack_from("<QQ", data, off + a)
+            op = lo & 0xFFF
             if op == LDL or op == STL:
                 sites.append((a, "LDL" if op == LDL else "STL"))
-        out[sec[len(".text."):]] = (size // 16, sites)
+            elif op == BRA:
+                t = branch_target(a, lo, hi)
+                if t < 0 or t >= size or t % 16:
+                    fail(f"{path}: the branch at {a:#x} of {sec[6:][:80]} decodes to {t:#x}, outside its "
+                         f"{size:#x} bytes: not the sm_90 encoding this script reads")
+                if t <= a:
+                    loops[t] = max(loops.get(t, a), a)
+        out[sec[len(".text."):]] = (size // 16, sites, sorted(loops.items()))
     return out
+
+
+def innermost_span(a, loops):
+    """(length in bytes, start) of the shortest backward-branch span that holds address a, or None."""
+    inside = [(end - start, start) for start, end in loops if start <= a <= end]
+    return min(inside) if inside else None
 
 
 def readelf(args):
@@ -147,15 +178,15 @@ def main():
     sm = (e_flags >> 8) & 0xFF
     if sm != 90:
         fail(f"{args.cubin} is built for sm_{sm} (e_flags {e_flags:#x}); the opcodes here are checked for sm_90 only")
-    sites = local_sites(data, sections)
-    tables, dirs = line_tables(args.cubin, sections) if any(s for _, s in sites.values()) else ({}, {})
+    sites = local_sites(args.cubin, data, sections)
+    tables, dirs = line_tables(args.cubin, sections) if any(s for _, s, _ in sites.values()) else ({}, {})
     names = demangle(sorted(sites))
     pat = re.compile(args.kernel)
     shown = 0
     for sym in sorted(sites, key=lambda s: names[s]):
         if not (pat.search(sym) or pat.search(names[sym])):
             continue
-        count, here = sites[sym]
+        count, here, loops = sites[sym]
         if not here and not args.all:
             continue
         shown += 1
@@ -163,13 +194,21 @@ def main():
         print(f"{names[sym]}\n  {count} instructions, {kinds['LDL']} LDL, {kinds['STL']} STL")
         table = tables.get(sym, [])
         addrs = [a for a, _, _ in table]
+
+        def where(a):
+            i = bisect.bisect_right(addrs, a) - 1
+            return f"{table[i][1]}:{table[i][2]}" if i >= 0 else "?:0"
+
         by_line = collections.Counter()
         for a, k in here:
-            i = bisect.bisect_right(addrs, a) - 1
-            by_line[(table[i][1], table[i][2]) if i >= 0 else ("?", 0), k] += 1
-        for fl in sorted({fl for fl, _ in by_line}):
-            n_ld, n_st = by_line[fl, "LDL"], by_line[fl, "STL"]
-            print(f"  {fl[0]}:{fl[1]}  LDL {n_ld}  STL {n_st}  | {source_line(dirs, fl[0], fl[1])[:100]}")
+            inner = innermost_span(a, loops)
+            ctx = f"in a {inner[0] // 16 + 1}-instruction loop from {where(inner[1])}" if inner else "in no loop"
+            by_line[where(a), ctx, k] += 1
+        for fl, ctx in sorted({(fl, ctx) for fl, ctx, _ in by_line}, key=lambda x: (x[0].split(":")[0],
+                                                                                   int(x[0].split(":")[1]), x[1])):
+            file, line = fl.rsplit(":", 1)
+            n_ld, n_st = by_line[fl, ctx, "LDL"], by_line[fl, ctx, "STL"]
+            print(f"  {fl}  LDL {n_ld}  STL {n_st}  {ctx}  | {source_line(dirs, file, int(line))[:90]}")
     if shown == 0:
         print("no kernel with local-memory loads or stores" + (f" matching {args.kernel!r}" if args.kernel else ""))
 
