@@ -5,7 +5,8 @@ sm_90 cubin, by source line, without cuobjdump or nvdisasm (this machine's CUDA 
 ptxas -v says how many bytes a kernel spills, not where; a spill in a GEMM's main loop costs every k-block, one in
 its set-up once. Build the cubin with -lineinfo (scripts/kernel_cubin.sh does), then:
 
-    python3 scripts/sass_local_memory.py build/cubin/grouped_gemm_sm90.cubin --kernel 'ModeE3E'
+    bash scripts/kernel_cubin.sh build build/cubins kernels/grouped_gemm_sm90.cu
+    python3 scripts/sass_local_memory.py build/cubins/grouped_gemm_sm90.cubin --kernel 'ModeE3E'
 
 How it reads the cubin: sm_90 instructions are 16 bytes with the opcode in the low 12 bits of the first 8, and
 LDL is 0x983, STL 0x387 (checked against ptxas -v over the 259 functions of kernels/' 36 cubins: none exactly where
