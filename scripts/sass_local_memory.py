@@ -27,6 +27,7 @@ branch that lands elsewhere stops the script (not sm_90 code, or a new form).
 import argparse
 import bisect
 import collections
+import functools
 import os
 import re
 import shutil
@@ -159,14 +160,16 @@ def demangle(names):
     return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}
 
 
-def source_line(dirs, file, line, cache={}):
-    path = dirs.get(file)
-    if path not in cache:
-        try:
-            cache[path] = open(path).read().splitlines() if path else []
-        except OSError:
-            cache[path] = []
-    lines = cache[path]
+@functools.lru_cache(maxsize=None)
+def source_lines(path):
+    try:
+        return open(path).read().splitlines() if path else []
+    except OSError:
+        return []
+
+
+def source_line(dirs, file, line):
+    lines = source_lines(dirs.get(file))
     return lines[line - 1].strip() if 0 < line <= len(lines) else ""
 
 
@@ -198,20 +201,19 @@ def main():
         table = tables.get(sym, [])
         addrs = [a for a, _, _ in table]
 
-        def where(a):
+        def where(a):  # (file, line) of address a
             i = bisect.bisect_right(addrs, a) - 1
-            return f"{table[i][1]}:{table[i][2]}" if i >= 0 else "?:0"
+            return table[i][1:] if i >= 0 else ("?", 0)
 
         by_line = collections.Counter()
         for a, k in here:
             inner = innermost_span(a, loops)
-            ctx = f"in a {inner[0] // 16 + 1}-instruction loop from {where(inner[1])}" if inner else "in no loop"
+            ctx = "in a {}-instruction loop from {}:{}".format(inner[0] // 16 + 1, *where(inner[1])) if inner \
+                else "in no loop"
             by_line[where(a), ctx, k] += 1
-        for fl, ctx in sorted({(fl, ctx) for fl, ctx, _ in by_line}, key=lambda x: (x[0].split(":")[0],
-                                                                                   int(x[0].split(":")[1]), x[1])):
-            file, line = fl.rsplit(":", 1)
-            n_ld, n_st = by_line[fl, ctx, "LDL"], by_line[fl, ctx, "STL"]
-            print(f"  {fl}  LDL {n_ld}  STL {n_st}  {ctx}  | {source_line(dirs, file, int(line))[:90]}")
+        for (file, line), ctx in sorted({(fl, ctx) for fl, ctx, _ in by_line}):
+            n_ld, n_st = by_line[(file, line), ctx, "LDL"], by_line[(file, line), ctx, "STL"]
+            print(f"  {file}:{line}  LDL {n_ld}  STL {n_st}  {ctx}  | {source_line(dirs, file, line)[:90]}")
     if shown == 0:
         print("no kernel with local-memory loads or stores" + (f" matching {args.kernel!r}" if args.kernel else ""))
 
