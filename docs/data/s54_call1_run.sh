@@ -16,17 +16,17 @@ t() { echo "$SECONDS s $*" >> $W/timeline.txt; }
 ok() { [ $SECONDS -lt ${1:-530} ] || { t "skipped: $2"; return 1; }; }
 timeout 150 m/main/mxtrain_tests --gtest_filter='*GroupedGemm*:GroupedSchedule.*:CudaExpertWgradGroup.*:CudaMoe*' > $W/tests_gg.txt 2>&1; echo "rc $?" >> $W/tests_gg.txt; t tests-gg
 MXTRAIN_GG_FAULT=rowsa timeout 60 m/main/mxtrain_tests --gtest_filter='*RowsAInHalves*' > $W/tests_fault.txt 2>&1; echo "rc $? (the fault: must fail)" >> $W/tests_fault.txt; t tests-fault
-tr() { local name=$1 preset=$2; shift 2; ok 420 "tr $name" || return; env "$@" python3 scripts/bench_trainer.py --init-cache /tmp/mxt-init-cache --mxtrain m/main/mxtrain --hf-baseline none --sample-gpu --out $W/tr_$name $preset > $W/tr_$name.txt 2>&1; t "tr $name"; }
+trn() { local name=$1 preset=$2; shift 2; ok 420 "tr $name" || return; env "$@" python3 scripts/bench_trainer.py --init-cache /tmp/mxt-init-cache --mxtrain m/main/mxtrain --hf-baseline none --sample-gpu --out $W/tr_$name $preset > $W/tr_$name.txt 2>&1; t "tr $name"; }
 for r in 1 2 3; do
-  tr full$r 8x7B-2layer MXTRAIN_GG_ROWS_A=full
-  tr trim$r 8x7B-2layer MXTRAIN_GG_ROWS_A=trim
+  trn full$r 8x7B-2layer MXTRAIN_GG_ROWS_A=full
+  trn trim$r 8x7B-2layer MXTRAIN_GG_ROWS_A=trim
 done
 G="--no-wmma --shape 8x7B --runs 10"
 gg() { local name=$1; shift; ok 450 "gg $name" || return; env "$@" timeout 60 m/main/bench_grouped_gemm $G --ops fwd,dgrad > $W/gg_$name.txt 2>&1; t "gg $name"; }
 gg full1 MXTRAIN_GG_ROWS_A=full; gg trim1 MXTRAIN_GG_ROWS_A=trim; gg full2 MXTRAIN_GG_ROWS_A=full; gg trim2 MXTRAIN_GG_ROWS_A=trim
 ok 400 hf && { python3 scripts/bench_trainer.py --init-cache /tmp/mxt-init-cache --mxtrain m/main/mxtrain --hf-baseline m/main/hf_baseline.py --sample-gpu --out $W/hf 8x7B-2layer > $W/hf.txt 2>&1; t hf; }
-tr 8x1B_full 8x1B MXTRAIN_GG_ROWS_A=full
-tr 8x1B_trim 8x1B MXTRAIN_GG_ROWS_A=trim
+trn 8x1B_full 8x1B MXTRAIN_GG_ROWS_A=full
+trn 8x1B_trim 8x1B MXTRAIN_GG_ROWS_A=trim
 ok 440 tests-all && { timeout $((578 - SECONDS)) m/main/mxtrain_tests --gtest_filter='*Cuda*:*Gpu*:*Mxfp8*:-Binary.*' > $W/tests_all.txt 2>&1; echo "rc $?" >> $W/tests_all.txt; t tests-all; }
 nvidia-smi --query-gpu=temperature.gpu,clocks.sm --format=csv >> $W/gpu.txt
 cd $W && tar czf $OUT/logs.tgz .
