@@ -29,6 +29,12 @@ add_test(NAME pack_devbin COMMAND bash ${CMAKE_SOURCE_DIR}/tests/pack_devbin_tes
 set_tests_properties(pack_devbin PROPERTIES PASS_REGULAR_EXPRESSION "pack_devbin: all passed")
 add_test(NAME device_script_sections COMMAND bash ${CMAKE_SOURCE_DIR}/tests/device_script_sections.sh
          ${CMAKE_SOURCE_DIR}/scripts/device_dist_checks.sh)
+# scripts/device_call_lib.sh (the device calls' helpers) against stand-in binaries and bench_trainer.py.
+if(MXT_PYTHON3)
+  add_test(NAME device_call_lib COMMAND bash ${CMAKE_SOURCE_DIR}/tests/device_call_lib_test.sh
+           ${CMAKE_SOURCE_DIR}/scripts/device_call_lib.sh)
+  set_tests_properties(device_call_lib PROPERTIES PASS_REGULAR_EXPRESSION "ok: device_call_lib.sh")
+endif()
 
 # The ncu table parses session 41's committed raw metrics (the single-call weight gradient, with and without its
 # epilogue) and derives the least cycles the L2 needs for its dW adds.

@@ -1,0 +1,92 @@
+# Helpers for a device call's script (docs/data/sNN_callK_run.sh), sourced from the repository root on the device:
+# the prebuilt binaries unpacked, every step started only before its own deadline (so that the call ends inside the
+# device tool's limit and its logs always come back), the logs archived under $OUT and a summary printed.
+#
+#   source scripts/device_call_lib.sh
+#   call_begin s55c1                       # m/ from devbin/bins.tgz; logs in $W; timeline, versions, GPU
+#   step 150 tests -- m/main/mxtrain_tests --gtest_filter='*GroupedGemm*'      # timeout 150 s, logs $W/tests.txt
+#   trainer 420 off1 8x7B-2layer MXTRAIN_GG_HALF_TAIL=off   # ours only, if started before 420 s
+#   trainer 400 hf 8x7B-2layer --hf MXTRAIN_GG_HALF_TAIL=on # beside the HF baseline
+#   call_end                               # $OUT/logs.tgz, the timeline, each test log's last lines
+#
+# BIN (default m/main) names the unpacked build the trainer runs use; INIT_CACHE (default /tmp/mxt-init-cache) the
+# trainers' cache of initial weights.
+
+set -u
+BIN=${BIN:-m/main}
+INIT_CACHE=${INIT_CACHE:-/tmp/mxt-init-cache}
+
+# One timeline line: seconds since the script started, then what happened.
+t() { echo "$SECONDS s $*" >> "$W/timeline.txt"; }
+
+# Whether there is time to start a step: true before DEADLINE seconds, else notes the skip.
+ok() {
+  local deadline=$1 what=$2
+  [ "$SECONDS" -lt "$deadline" ] && return 0
+  t "skipped: $what"
+  return 1
+}
+
+call_begin() {
+  local tag=$1
+  if [ -f devbin/bins.tgz ]; then
+    mkdir -p m && tar xzf devbin/bins.tgz -C m
+  fi
+  W=$(mktemp -d "/tmp/$tag.XXXX")
+  : > "$W/timeline.txt"
+  cat m/*/VERSION > "$W/versions.txt" 2>/dev/null || true
+  nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,temperature.gpu --format=csv > "$W/gpu.txt" 2>&1 || true
+}
+
+# step TIMEOUT NAME [VAR=VAL ...] -- CMD...: runs CMD with the variables set, at most TIMEOUT seconds and only if
+# that ends before the 578th second; its output and exit status go to $W/NAME.txt.
+step() {
+  local limit=$1 name=$2 vars=()
+  shift 2
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do vars+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  local left=$((578 - SECONDS))
+  [ "$left" -lt "$limit" ] && limit=$left
+  [ "$limit" -gt 5 ] || { t "skipped: $name"; return 1; }
+  env ${vars[@]+"${vars[@]}"} timeout "$limit" "$@" > "$W/$name.txt" 2>&1
+  local rc=$?
+  echo "rc $rc" >> "$W/$name.txt"
+  t "$name rc $rc"
+  return 0
+}
+
+# trainer DEADLINE NAME PRESET [--hf] [VAR=VAL ...]: scripts/bench_trainer.py on one preset, ours alone or (--hf)
+# beside the HF baseline, with the variables set; logs in $W/tr_NAME.txt, its files in $W/tr_NAME/.
+trainer() {
+  local deadline=$1 name=$2 preset=$3 hf=none
+  shift 3
+  if [ "${1:-}" = --hf ]; then
+    hf=$BIN/hf_baseline.py
+    shift
+  fi
+  ok "$deadline" "trainer $name" || return 1
+  env "$@" python3 scripts/bench_trainer.py --init-cache "$INIT_CACHE" --mxtrain "$BIN/mxtrain" --hf-baseline "$hf" \
+    --sample-gpu --out "$W/tr_$name" "$preset" > "$W/tr_$name.txt" 2>&1
+  t "trainer $name rc $?"
+}
+
+# The trainer runs' result lines (tok/s table row, SM clocks) one per run.
+trainer_summary() {
+  local f
+  for f in "$W"/tr_*.txt; do
+    [ -f "$f" ] || continue
+    echo "$(basename "$f" .txt): $(grep '^| 8x\|^| L0' "$f" | head -1 | cut -c1-110) $(grep -o '[0-9]* MHz[^|]*' "$f" | head -2 | tr '\n' ' ')"
+  done
+}
+
+call_end() {
+  nvidia-smi --query-gpu=temperature.gpu,clocks.sm --format=csv >> "$W/gpu.txt" 2>&1 || true
+  (cd "$W" && tar czf "${OUT:?OUT: the device tool output folder}/logs.tgz" .)
+  echo "== timeline"
+  cat "$W/timeline.txt"
+  local f
+  for f in "$W"/tests*.txt; do
+    [ -f "$f" ] || continue
+    echo "-- $(basename "$f"): $(grep -E '^\[  (PASSED|FAILED)  \]' "$f" | tr '\n' ' ') $(tail -n1 "$f")"
+  done
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# scripts/device_call_lib.sh on a CPU, against stand-ins for the device's binaries and bench_trainer.py: the
+# binaries unpacked from devbin/bins.tgz, a step's variables and exit status in its log, steps past their deadline
+# skipped and said so, the trainer runs' arguments (ours alone, beside HF), and every log in $OUT/logs.tgz.
+set -uo pipefail
+LIB=$1
+root=$(mktemp -d)
+trap 'rm -rf "$root"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+mkdir -p "$root/pack/main" "$root/repo/devbin" "$root/repo/scripts" "$root/out"
+cat > "$root/pack/main/fake_tests" <<'EOF'
+#!/usr/bin/env bash
+echo "MODE=${MODE:-unset} args $*"
+echo "[  PASSED  ] 3 tests."
+exit "${FAKE_RC:-0}"
+EOF
+chmod +x "$root/pack/main/fake_tests"
+echo "mxtrain 0.0.0 (commit test)" > "$root/pack/main/VERSION"
+tar czf "$root/repo/devbin/bins.tgz" -C "$root/pack" main
+cat > "$root/repo/scripts/bench_trainer.py" <<'EOF'
+import os, sys
+print("| 8x7B-2layer | 123 | args", " ".join(sys.argv[1:]), "| MODE", os.environ.get("MODE", "unset"))
+EOF
+
+cat > "$root/repo/call.sh" <<EOF
+source "$LIB"
+call_begin libtest
+step 30 tests_a MODE=on -- m/main/fake_tests --one
+step 30 tests_b FAKE_RC=3 -- m/main/fake_tests
+trainer 100 ours 8x7B-2layer MODE=off
+trainer 100 beside 8x7B-2layer --hf MODE=on
+SECONDS=500
+trainer 420 late 8x7B-2layer
+ok 450 "a late bench" && echo "ran a late bench" >> "\$W/timeline.txt"
+SECONDS=575
+step 60 tests_late -- m/main/fake_tests
+call_end
+trainer_summary
+EOF
+(cd "$root/repo" && OUT="$root/out" bash call.sh) > "$root/summary.txt" 2>&1 || fail "the call script failed: $(cat "$root/summary.txt")"
+mkdir "$root/logs" && tar xzf "$root/out/logs.tgz" -C "$root/logs" || fail "no logs.tgz under \$OUT"
+L=$root/logs
+grep -q "commit test" "$L/versions.txt" || fail "versions.txt lacks the packed VERSION"
+grep -q "MODE=on args --one" "$L/tests_a.txt" || fail "step did not pass its variable and arguments: $(cat "$L/tests_a.txt")"
+grep -q "^rc 0$" "$L/tests_a.txt" || fail "tests_a's exit status not logged"
+grep -q "^rc 3$" "$L/tests_b.txt" || fail "tests_b's exit status 3 not logged"
+grep -q -- "--hf-baseline none .*--out .*tr_ours 8x7B-2layer | MODE off" "$L/tr_ours.txt" || fail "ours-alone run: $(cat "$L/tr_ours.txt")"
+grep -q -- "--hf-baseline m/main/hf_baseline.py .* | MODE on" "$L/tr_beside.txt" || fail "beside-HF run: $(cat "$L/tr_beside.txt")"
+grep -q "skipped: trainer late" "$L/timeline.txt" || fail "a trainer past its deadline was not skipped"
+[ ! -f "$L/tr_late.txt" ] || fail "a trainer past its deadline ran"
+grep -q "skipped: a late bench" "$L/timeline.txt" || fail "ok did not refuse a step past its deadline"
+grep -q "ran a late bench" "$L/timeline.txt" && fail "a step past its deadline ran"
+grep -q "skipped: tests_late" "$L/timeline.txt" || fail "a step with under 5 s left was not skipped"
+grep -q "tests_a.txt: \[  PASSED  \] 3 tests." "$root/summary.txt" || fail "summary lacks the test result: $(cat "$root/summary.txt")"
+grep -q "^tr_ours: | 8x7B-2layer | 123" "$root/summary.txt" || fail "trainer_summary lacks the run: $(cat "$root/summary.txt")"
+echo "ok: device_call_lib.sh unpacks, time-boxes, skips, logs and archives"
