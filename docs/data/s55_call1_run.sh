@@ -10,6 +10,9 @@
 #  2. the 8x7B step, off / on alternating, three rounds (ours only);
 #  3. bench_grouped_gemm forward / dgrad at one 8x7B micro-batch's rows (8x7B-mb1), off / on, two rounds;
 #  4. issue 4's 8x7B figure: on beside HF;  5. 8x1B off / on;  6. every CUDA test with half units on.
+# Written before docs/data/s55_half_schedule_model.cpp, which predicts no change in the 8x7B step or the 8x7B-mb1
+# bench from half units under the kernel's static schedule (docs/perf.md, session 55): run it to test that
+# prediction, not for the gain.
 source scripts/device_call_lib.sh
 call_begin s55c1
 step 150 tests_gg -- m/main/mxtrain_tests --gtest_filter='*GroupedGemm*:GroupedSchedule.*:CudaExpertWgradGroup.*:CudaMoe*'
