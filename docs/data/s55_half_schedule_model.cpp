@@ -15,26 +15,30 @@ using namespace mxt::sm90;
 
 // The busiest pair's k-blocks for one call: experts' rows `loads`, n_tiles of 256 columns, nk k-blocks per unit.
 // dynamic: each item goes to the pair that is free first (an atomic work counter) instead of item % pairs.
-double call_time(const std::vector<int>& loads, int n_tiles, int nk, double h, int pairs, bool dynamic) {
-  std::vector<int> mt, cum(1, 0);
+// tails_last: the units of at most 64 rows moved after all others (item order otherwise kept).
+double call_time(const std::vector<int>& loads, int n_tiles, int nk, double h, int pairs, bool dynamic,
+                 bool tails_last = false) {
+  std::vector<double> costs, tails;
   for (int r : loads) {
-    mt.push_back((r + 127) / 128);
-    cum.push_back(cum.back() + row_units_of_expert(mt.back(), n_tiles, 2, true));
+    const int mt = (r + 127) / 128;
+    for (int local = 0; local < row_units_of_expert(mt, n_tiles, 2, true); ++local) {
+      // Both ranks of a pair run the same item in step: the pair costs its slower rank.
+      double cost = 0;
+      for (int rank = 0; rank < 2; ++rank) {
+        const RowUnit u = row_unit(local, mt, n_tiles, 2, true, rank);
+        const int rows = std::min(128, r - u.m_tile * 128);
+        cost = std::max(cost, rows <= 64 ? h : 1.0);
+      }
+      (tails_last && cost < 1.0 ? tails : costs).push_back(cost);
+    }
   }
-  const int units = cum.back();
+  costs.insert(costs.end(), tails.begin(), tails.end());
+  const int units = static_cast<int>(costs.size());
   const TailSplit ts = tail_split(units, pairs, nk, 8);
   std::vector<double> busy(pairs, 0.0);
   for (int item = 0; item < ts.items; ++item) {
     const int unit = item < ts.full ? item : ts.full + (item - ts.full) / ts.parts;
-    int e = 0;
-    while (unit >= cum[e + 1]) ++e;
-    // Both ranks of a pair run the same item in step: the pair costs its slower rank.
-    double cost = 0;
-    for (int rank = 0; rank < 2; ++rank) {
-      const RowUnit u = row_unit(unit - cum[e], mt[e], n_tiles, 2, true, rank);
-      const int rows = std::min(128, loads[e] - u.m_tile * 128);
-      cost = std::max(cost, rows <= 64 ? h : 1.0);
-    }
+    const double cost = costs[unit];
     int kb0 = 0, kb1 = nk;
     if (item >= ts.full) tail_part_range(nk, (item - ts.full) % ts.parts, ts.parts, kb0, kb1);
     const int pair = dynamic ? static_cast<int>(std::min_element(busy.begin(), busy.end()) - busy.begin()) : item % pairs;
@@ -119,6 +123,21 @@ int main() {
     std::printf("all four calls, 20 draws of uniform routing:");
     for (int i = 0; i < 5; ++i) std::printf("  h %.2f: %.4f", hs[i], sum[i] / base);
     std::printf("\n");
+  }
+  // Tails last (not built): the half units after every full unit, so that they spread over the pairs.
+  for (double h : {1.0, 0.85, 0.65, 0.5}) {
+    std::mt19937 rng(55);
+    double base = 0, last = 0;
+    for (int draw = 0; draw < 20; ++draw) {
+      std::vector<int> loads(8, 0);
+      std::uniform_int_distribution<int> pick(0, 7);
+      for (int r = 0; r < 8192; ++r) ++loads[pick(rng)];
+      for (const Call& c : calls) {
+        base += call_time(loads, c.n_tiles, c.nk, 1.0, pairs, false);
+        last += call_time(loads, c.n_tiles, c.nk, h, pairs, false, true);
+      }
+    }
+    std::printf("half units at %.2f moved last, static schedule: %.4f\n", h, last / base);
   }
   // Merged tails (not built): the odd-tail units of two experts whose last m-tile holds at most 64 rows run as one
   // unit (each warpgroup on one expert's rows with that expert's weight tile) costing m units, so the call has one
