@@ -6,6 +6,8 @@
 //   /tmp/hsm
 #include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -41,7 +43,8 @@ double call_time(const std::vector<int>& loads, int n_tiles, int nk, double h, i
     const double cost = costs[unit];
     int kb0 = 0, kb1 = nk;
     if (item >= ts.full) tail_part_range(nk, (item - ts.full) % ts.parts, ts.parts, kb0, kb1);
-    const int pair = dynamic ? static_cast<int>(std::min_element(busy.begin(), busy.end()) - busy.begin()) : item % pairs;
+    const int pair =
+        dynamic ? static_cast<int>(std::min_element(busy.begin(), busy.end()) - busy.begin()) : item % pairs;
     busy[pair] += cost * (kb1 - kb0);
   }
   return *std::max_element(busy.begin(), busy.end());
@@ -88,6 +91,14 @@ double merged_time(const std::vector<int>& loads, int n_tiles, int nk, double m,
   return *std::max_element(busy.begin(), busy.end());
 }
 
+// One micro-batch's 8,192 routed rows over 8 experts, uniformly at random (1,024 +- 30 rows per expert).
+std::vector<int> uniform_loads(std::mt19937& rng) {
+  std::vector<int> loads(8, 0);
+  std::uniform_int_distribution<int> pick(0, 7);
+  for (int r = 0; r < 8192; ++r) ++loads[pick(rng)];
+  return loads;
+}
+
 int main() {
   struct Call {
     const char* name;
@@ -100,13 +111,12 @@ int main() {
   for (int dynamic = 0; dynamic < 2; ++dynamic) {
     std::printf("\n%s schedule: the busiest pair's k-blocks relative to the static schedule without half units\n",
                 dynamic ? "dynamic (free pair first)" : "static (item % pairs, the kernel's)");
-    std::printf("| loads | call | h = 1 (off) | 0.85 | 0.75 | 0.65 | 0.5 |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+    std::printf("| loads | call | h = 1 (off) | 0.85 | 0.75 | 0.65 | 0.5 |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- |\n");
     std::mt19937 rng(55);
     double sum[5] = {0, 0, 0, 0, 0}, base = 0;
     for (int draw = 0; draw < 20; ++draw) {
-      std::vector<int> loads(8, 0);
-      std::uniform_int_distribution<int> pick(0, 7);
-      for (int r = 0; r < 8192; ++r) ++loads[pick(rng)];  // uniform random routing: 1,024 +- 30 rows per expert
+      const std::vector<int> loads = uniform_loads(rng);
       for (const Call& c : calls) {
         const double t0 = call_time(loads, c.n_tiles, c.nk, 1.0, pairs, false);
         double t[5];
@@ -124,53 +134,35 @@ int main() {
     for (int i = 0; i < 5; ++i) std::printf("  h %.2f: %.4f", hs[i], sum[i] / base);
     std::printf("\n");
   }
-  // Tails last (not built): the half units after every full unit, so that they spread over the pairs.
-  for (double h : {1.0, 0.85, 0.65, 0.5}) {
+  // Each variant against the kernel's schedule without half units, over the same 20 draws.
+  auto versus = [&](const char* what, const std::function<double(const std::vector<int>&, const Call&)>& variant) {
     std::mt19937 rng(55);
-    double base = 0, last = 0;
+    double base = 0, other = 0;
     for (int draw = 0; draw < 20; ++draw) {
-      std::vector<int> loads(8, 0);
-      std::uniform_int_distribution<int> pick(0, 7);
-      for (int r = 0; r < 8192; ++r) ++loads[pick(rng)];
+      const std::vector<int> loads = uniform_loads(rng);
       for (const Call& c : calls) {
         base += call_time(loads, c.n_tiles, c.nk, 1.0, pairs, false);
-        last += call_time(loads, c.n_tiles, c.nk, h, pairs, false, true);
+        other += variant(loads, c);
       }
     }
-    std::printf("half units at %.2f moved last, static schedule: %.4f\n", h, last / base);
-  }
+    std::printf("%s: %.4f\n", what, other / base);
+  };
+  // Tails last (MXTRAIN_GG_HALF_TAIL=last): the half units after every full unit, so that they spread over the pairs.
+  for (double h : {1.0, 0.85, 0.65, 0.5})
+    versus(("half units at " + std::to_string(h).substr(0, 4) + " moved last, static schedule").c_str(),
+           [&](const std::vector<int>& loads, const Call& c) {
+             return call_time(loads, c.n_tiles, c.nk, h, pairs, false, true);
+           });
   // Merged tails (not built): the odd-tail units of two experts whose last m-tile holds at most 64 rows run as one
   // unit (each warpgroup on one expert's rows with that expert's weight tile) costing m units, so the call has one
   // unit fewer per such pair of experts and n-tile pair. Static schedule, h = 1 for the rest.
-  for (double m : {1.0, 1.25, 1.5, 2.0}) {
-    std::mt19937 rng(55);
-    double base = 0, merged = 0;
-    for (int draw = 0; draw < 20; ++draw) {
-      std::vector<int> loads(8, 0);
-      std::uniform_int_distribution<int> pick(0, 7);
-      for (int r = 0; r < 8192; ++r) ++loads[pick(rng)];
-      for (const Call& c : calls) {
-        base += call_time(loads, c.n_tiles, c.nk, 1.0, pairs, false);
-        merged += merged_time(loads, c.n_tiles, c.nk, m, pairs);
-      }
-    }
-    std::printf("merged tails costing %.2f units against the kernel's schedule: %.4f\n", m, merged / base);
-  }
+  for (double m : {1.0, 1.25, 1.5, 2.0})
+    versus(("merged tails costing " + std::to_string(m).substr(0, 4) + " units, static schedule").c_str(),
+           [&](const std::vector<int>& loads, const Call& c) { return merged_time(loads, c.n_tiles, c.nk, m, pairs); });
   // Session 45's forced balance (every expert exactly 1,024 rows) against random routing, static schedule, h = 1:
   // measured there, the forward and dgrad took 9.6 ms (6.6%) less per step.
-  {
-    std::mt19937 rng(55);
-    double rnd = 0, bal = 0;
-    for (int draw = 0; draw < 20; ++draw) {
-      std::vector<int> loads(8, 0);
-      std::uniform_int_distribution<int> pick(0, 7);
-      for (int r = 0; r < 8192; ++r) ++loads[pick(rng)];
-      for (const Call& c : calls) {
-        rnd += call_time(loads, c.n_tiles, c.nk, 1.0, pairs, false);
-        bal += call_time(std::vector<int>(8, 1024), c.n_tiles, c.nk, 1.0, pairs, false);
-      }
-    }
-    std::printf("\nforced balance against random routing (static, h = 1): %.4f\n", bal / rnd);
-  }
+  versus("forced balance (every expert 1,024 rows), static schedule", [&](const std::vector<int>&, const Call& c) {
+    return call_time(std::vector<int>(8, 1024), c.n_tiles, c.nk, 1.0, pairs, false);
+  });
   return 0;
 }
