@@ -15,8 +15,25 @@
 
 using namespace mxt::sm90;
 
+// The busiest pair's k-blocks for units of these costs in item order, nk k-blocks each: the last round split as
+// tail_split does, each item to pair item % pairs (the kernel's static schedule) or, dynamic, to the pair that is
+// free first (an atomic work counter).
+double busiest(const std::vector<double>& costs, int nk, int pairs, bool dynamic) {
+  const TailSplit ts = tail_split(static_cast<int>(costs.size()), pairs, nk, 8);
+  std::vector<double> busy(pairs, 0.0);
+  for (int item = 0; item < ts.items; ++item) {
+    const int unit = item < ts.full ? item : ts.full + (item - ts.full) / ts.parts;
+    int kb0 = 0, kb1 = nk;
+    if (item >= ts.full) tail_part_range(nk, (item - ts.full) % ts.parts, ts.parts, kb0, kb1);
+    const int pair =
+        dynamic ? static_cast<int>(std::min_element(busy.begin(), busy.end()) - busy.begin()) : item % pairs;
+    busy[pair] += costs[unit] * (kb1 - kb0);
+  }
+  return *std::max_element(busy.begin(), busy.end());
+}
+
 // The busiest pair's k-blocks for one call: experts' rows `loads`, n_tiles of 256 columns, nk k-blocks per unit.
-// dynamic: each item goes to the pair that is free first (an atomic work counter) instead of item % pairs.
+// dynamic: as in busiest.
 // tails_last: the units of at most 64 rows moved after all others (item order otherwise kept).
 double call_time(const std::vector<int>& loads, int n_tiles, int nk, double h, int pairs, bool dynamic,
                  bool tails_last = false) {
@@ -35,24 +52,12 @@ double call_time(const std::vector<int>& loads, int n_tiles, int nk, double h, i
     }
   }
   costs.insert(costs.end(), tails.begin(), tails.end());
-  const int units = static_cast<int>(costs.size());
-  const TailSplit ts = tail_split(units, pairs, nk, 8);
-  std::vector<double> busy(pairs, 0.0);
-  for (int item = 0; item < ts.items; ++item) {
-    const int unit = item < ts.full ? item : ts.full + (item - ts.full) / ts.parts;
-    const double cost = costs[unit];
-    int kb0 = 0, kb1 = nk;
-    if (item >= ts.full) tail_part_range(nk, (item - ts.full) % ts.parts, ts.parts, kb0, kb1);
-    const int pair =
-        dynamic ? static_cast<int>(std::min_element(busy.begin(), busy.end()) - busy.begin()) : item % pairs;
-    busy[pair] += cost * (kb1 - kb0);
-  }
-  return *std::max_element(busy.begin(), busy.end());
+  return busiest(costs, nk, pairs, dynamic);
 }
 
 // The merged-tails variant of call_time (static schedule): unit costs in item order, experts' odd-tail units of
 // <= 64 rows paired in expert order (an odd one out stays alone), the pair's first unit dropped and its second
-// costing m; the last round split as tail_split does.
+// costing m.
 double merged_time(const std::vector<int>& loads, int n_tiles, int nk, double m, int pairs) {
   std::vector<double> cost;
   int pending = -1;  // an expert whose tails wait for a partner
@@ -79,16 +84,7 @@ double merged_time(const std::vector<int>& loads, int n_tiles, int nk, double m,
       cost.push_back(tail && partner[e] >= 0 ? m : 1.0);
     }
   }
-  const int units = static_cast<int>(cost.size());
-  const TailSplit ts = tail_split(units, pairs, nk, 8);
-  std::vector<double> busy(pairs, 0.0);
-  for (int item = 0; item < ts.items; ++item) {
-    const int unit = item < ts.full ? item : ts.full + (item - ts.full) / ts.parts;
-    int kb0 = 0, kb1 = nk;
-    if (item >= ts.full) tail_part_range(nk, (item - ts.full) % ts.parts, ts.parts, kb0, kb1);
-    busy[item % pairs] += cost[unit] * (kb1 - kb0);
-  }
-  return *std::max_element(busy.begin(), busy.end());
+  return busiest(cost, nk, pairs, false);
 }
 
 // One micro-batch's 8,192 routed rows over 8 experts, uniformly at random (1,024 +- 30 rows per expert).
