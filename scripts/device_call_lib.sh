@@ -10,11 +10,13 @@
 #   call_end                               # $OUT/logs.tgz, the timeline, each test log's last lines
 #
 # BIN (default m/main) names the unpacked build the trainer runs use; INIT_CACHE (default /tmp/mxt-init-cache) the
-# trainers' cache of initial weights.
+# trainers' cache of initial weights; CALL_END (default 578) the second by which every step ends, lower for a call
+# run under a shorter limit (less device time left) so that its logs still come back.
 
 set -u
 BIN=${BIN:-m/main}
 INIT_CACHE=${INIT_CACHE:-/tmp/mxt-init-cache}
+CALL_END=${CALL_END:-578}
 
 # One timeline line: seconds since the script started, then what happened.
 t() { echo "$SECONDS s $*" >> "$W/timeline.txt"; }
@@ -39,13 +41,13 @@ call_begin() {
 }
 
 # step TIMEOUT NAME [VAR=VAL ...] -- CMD...: runs CMD with the variables set, at most TIMEOUT seconds and only if
-# that ends before the 578th second; its output and exit status go to $W/NAME.txt.
+# that ends before second CALL_END; its output and exit status go to $W/NAME.txt.
 step() {
   local limit=$1 name=$2 vars=()
   shift 2
   while [ $# -gt 0 ] && [ "$1" != -- ]; do vars+=("$1"); shift; done
   [ $# -gt 0 ] && shift
-  local left=$((578 - SECONDS))
+  local left=$((CALL_END - SECONDS))
   [ "$left" -lt "$limit" ] && limit=$left
   [ "$limit" -gt 5 ] || { t "skipped: $name"; return 1; }
   env ${vars[@]+"${vars[@]}"} timeout "$limit" "$@" > "$W/$name.txt" 2>&1
