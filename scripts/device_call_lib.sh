@@ -11,7 +11,8 @@
 #
 # BIN (default m/main) names the unpacked build the trainer runs use; INIT_CACHE (default /tmp/mxt-init-cache) the
 # trainers' cache of initial weights; CALL_END (default 578) the second by which every step ends, lower for a call
-# run under a shorter limit (less device time left) so that its logs still come back.
+# run under a shorter limit (less device time left) so that its logs still come back. A trainer run has no timeout,
+# only its start deadline: keep that a run's length below CALL_END.
 
 set -u
 BIN=${BIN:-m/main}
