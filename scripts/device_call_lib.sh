@@ -11,8 +11,8 @@
 #
 # BIN (default m/main) names the unpacked build the trainer runs use; INIT_CACHE (default /tmp/mxt-init-cache) the
 # trainers' cache of initial weights; CALL_END (default 578) the second by which every step ends, lower for a call
-# run under a shorter limit (less device time left) so that its logs still come back. A trainer run has no timeout,
-# only its start deadline: keep that a run's length below CALL_END.
+# run under a shorter limit (less device time left) so that its logs still come back. Nothing starts after it, but
+# a trainer run has no timeout: keep its start deadline a run's length below CALL_END.
 
 set -u
 BIN=${BIN:-m/main}
@@ -22,10 +22,10 @@ CALL_END=${CALL_END:-578}
 # One timeline line: seconds since the script started, then what happened.
 t() { echo "$SECONDS s $*" >> "$W/timeline.txt"; }
 
-# Whether there is time to start a step: true before DEADLINE seconds, else notes the skip.
+# Whether there is time to start a step: true before DEADLINE seconds and CALL_END, else notes the skip.
 ok() {
   local deadline=$1 what=$2
-  [ "$SECONDS" -lt "$deadline" ] && return 0
+  [ "$SECONDS" -lt "$deadline" ] && [ "$SECONDS" -lt "$CALL_END" ] && return 0
   t "skipped: $what"
   return 1
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/device_call_lib.sh on a CPU, against stand-ins for the device's binaries and bench_trainer.py: the
 # binaries unpacked from devbin/bins.tgz, a step's variables and exit status in its log, steps past their deadline
-# skipped and said so, a step's time cut to CALL_END, the trainer runs' arguments (ours alone, beside HF), and
-# every log in $OUT/logs.tgz.
+# skipped and said so, a step's time cut to CALL_END and nothing started after it, the trainer runs' arguments (ours
+# alone, beside HF), and every log in $OUT/logs.tgz.
 set -uo pipefail
 LIB=$1
 root=$(mktemp -d)
@@ -34,6 +34,7 @@ trainer 100 ours 8x7B-2layer MODE=off
 trainer 100 beside 8x7B-2layer --hf MODE=on
 CALL_END=\$((SECONDS + 7))
 step 60 tests_cut FAKE_SLEEP=20 -- m/main/fake_tests
+trainer 1000 past_end 8x7B-2layer
 CALL_END=578
 SECONDS=500
 trainer 420 late 8x7B-2layer
@@ -53,6 +54,7 @@ grep -q "^rc 3$" "$L/tests_b.txt" || fail "tests_b's exit status 3 not logged"
 grep -q -- "--hf-baseline none .*--out .*tr_ours 8x7B-2layer | MODE off" "$L/tr_ours.txt" || fail "ours-alone run: $(cat "$L/tr_ours.txt")"
 grep -q -- "--hf-baseline m/main/hf_baseline.py .* | MODE on" "$L/tr_beside.txt" || fail "beside-HF run: $(cat "$L/tr_beside.txt")"
 grep -q "^rc 124$" "$L/tests_cut.txt" || fail "a step was not cut at CALL_END: $(cat "$L/tests_cut.txt")"
+grep -q "skipped: trainer past_end" "$L/timeline.txt" || fail "a trainer after CALL_END was not skipped"
 grep -q "skipped: trainer late" "$L/timeline.txt" || fail "a trainer past its deadline was not skipped"
 [ ! -f "$L/tr_late.txt" ] || fail "a trainer past its deadline ran"
 grep -q "skipped: a late bench" "$L/timeline.txt" || fail "ok did not refuse a step past its deadline"
