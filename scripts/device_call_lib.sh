@@ -93,3 +93,15 @@ call_end() {
     echo "-- $(basename "$f"): $(grep -E '^\[  (PASSED|FAILED)  \]' "$f" | tr '\n' ' ') $(tail -n1 "$f")"
   done
 }
+
+# The half units' lines of $W/tests_gg.txt and, per bench_grouped_gemm log ($W/gg_*.txt), its CTA-pair and
+# alternating rows with the spaces squeezed.
+gg_summary() {
+  grep -h "half units\]" "$W/tests_gg.txt" 2>/dev/null | head -12
+  local f
+  for f in "$W"/gg_*.txt; do
+    [ -f "$f" ] || continue
+    echo "-- $(basename "$f")"
+    grep "sm90 128x256 c2  \|sm90 128x256 c2,\|alternating" "$f" | sed 's/ \+/ /g' | cut -c1-120
+  done
+}

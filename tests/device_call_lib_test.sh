@@ -2,7 +2,7 @@
 # scripts/device_call_lib.sh on a CPU, against stand-ins for the device's binaries and bench_trainer.py: the
 # binaries unpacked from devbin/bins.tgz, a step's variables and exit status in its log, steps past their deadline
 # skipped and said so, a step's time cut to CALL_END and nothing started after it, the trainer runs' arguments (ours
-# alone, beside HF), and every log in $OUT/logs.tgz.
+# alone, beside HF), every log in $OUT/logs.tgz, and gg_summary's rows.
 set -uo pipefail
 LIB=$1
 root=$(mktemp -d)
@@ -13,6 +13,9 @@ mkdir -p "$root/pack/main" "$root/repo/devbin" "$root/repo/scripts" "$root/out"
 cat > "$root/pack/main/fake_tests" <<'EOF'
 #!/usr/bin/env bash
 echo "MODE=${MODE:-unset} args $*"
+echo "  [half units] BN 256 cluster 2 y: 5 of 10 values differ"
+echo "| 8x7B | fwd x@W13^T | sm90 128x256 c2, alternating with dense  |  2.9 | 0.95 |"
+echo "| 8x7B | fwd x@W13^T | sm90 128x128 c1 | 4.1 |"
 echo "[  PASSED  ] 3 tests."
 sleep "${FAKE_SLEEP:-0}"
 exit "${FAKE_RC:-0}"
@@ -30,6 +33,8 @@ source "$LIB"
 call_begin libtest
 step 30 tests_a MODE=on -- m/main/fake_tests --one
 step 30 tests_b FAKE_RC=3 -- m/main/fake_tests
+step 30 tests_gg -- m/main/fake_tests
+step 30 gg_x -- m/main/fake_tests
 trainer 100 ours 8x7B-2layer MODE=off
 trainer 100 beside 8x7B-2layer --hf MODE=on
 CALL_END=\$((SECONDS + 7))
@@ -43,6 +48,7 @@ SECONDS=575
 step 60 tests_late -- m/main/fake_tests
 call_end
 trainer_summary
+gg_summary
 EOF
 (cd "$root/repo" && OUT="$root/out" bash call.sh) > "$root/summary.txt" 2>&1 || fail "the call script failed: $(cat "$root/summary.txt")"
 mkdir "$root/logs" && tar xzf "$root/out/logs.tgz" -C "$root/logs" || fail "no logs.tgz under \$OUT"
@@ -62,4 +68,8 @@ grep -q "ran a late bench" "$L/timeline.txt" && fail "a step past its deadline r
 grep -q "skipped: tests_late" "$L/timeline.txt" || fail "a step with under 5 s left was not skipped"
 grep -q "tests_a.txt: \[  PASSED  \] 3 tests." "$root/summary.txt" || fail "summary lacks the test result: $(cat "$root/summary.txt")"
 grep -q "^tr_ours: | 8x7B-2layer | 123" "$root/summary.txt" || fail "trainer_summary lacks the run: $(cat "$root/summary.txt")"
+grep -q "^  \[half units\] BN 256" "$root/summary.txt" || fail "gg_summary lacks the half-units line"
+grep -A1 -- "^-- gg_x.txt$" "$root/summary.txt" | grep -q "^| 8x7B | fwd x@W13^T | sm90 128x256 c2, alternating with dense | 2.9 | 0.95 |$" \
+  || fail "gg_summary lacks the bench's CTA-pair row, squeezed: $(cat "$root/summary.txt")"
+grep -q "sm90 128x128 c1" "$root/summary.txt" && fail "gg_summary kept a row that is not the CTA pairs'"
 echo "ok: device_call_lib.sh unpacks, time-boxes, skips, logs and archives"

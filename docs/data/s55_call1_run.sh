@@ -33,9 +33,5 @@ trainer 430 8x1B_last 8x1B MXTRAIN_GG_HALF_TAIL=last
 ok 440 tests-all && step 140 tests_all MXTRAIN_GG_HALF_TAIL=last -- m/main/mxtrain_tests \
   --gtest_filter='*Cuda*:*Gpu*:*Mxfp8*:-Binary.*'
 call_end
-grep -h "half units\]" "$W/tests_gg.txt" | head -12
-for f in "$W"/gg_*.txt; do
-  echo "-- $(basename "$f")"
-  grep "sm90 128x256 c2  \|sm90 128x256 c2,\|alternating" "$f" | sed 's/ \+/ /g' | cut -c1-120
-done
+gg_summary
 trainer_summary

@@ -3,7 +3,7 @@
 # fit): the kernel half of docs/data/s55_call1_run.sh, on the same binaries (branch wip/s55-half-tail). Most
 # important first: the grouped GEMM's CUDA tests and the fault halfsum (must fail HalfUnitsAddUp); bench_grouped_gemm
 # forward / dgrad at one 8x7B micro-batch's rows and at the 16,384-row 8x7B shape, off / on / last alternating, three
-# rounds; every CUDA test with half units last.
+# rounds; every CUDA test with half units last. (Its closing summary, run inline then, is now the library's gg_summary.)
 source scripts/device_call_lib.sh
 call_begin s57h100
 step 150 tests_gg -- m/main/mxtrain_tests --gtest_filter='*GroupedGemm*:GroupedSchedule.*:CudaExpertWgradGroup.*:CudaMoe*'
@@ -19,8 +19,4 @@ done
 ok 420 tests-all && step 150 tests_all MXTRAIN_GG_HALF_TAIL=last -- m/main/mxtrain_tests \
   --gtest_filter='*Cuda*:*Gpu*:*Mxfp8*:-Binary.*'
 call_end
-grep -h "half units\]" "$W/tests_gg.txt" | head -12
-for f in "$W"/gg_*.txt; do
-  echo "-- $(basename "$f")"
-  grep "sm90 128x256 c2  \|sm90 128x256 c2,\|alternating" "$f" | sed 's/ \+/ /g' | cut -c1-120
-done
+gg_summary
