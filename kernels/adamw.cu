@@ -1,4 +1,5 @@
-// AdamW with torch.optim.AdamW semantics on F32 param / grad, and F32 or BF16 moments (adamw_moments_dtype), the
+// AdamW with torch.optim.AdamW semantics on an F32 param, an F32 or BF16 grad (expert_grad_dtype; widened exactly)
+// and F32 or BF16 moments (adamw_moments_dtype), the
 // same per-element fp32 expression (same operation order, no FMA contraction) and the same double-precision scalars
 // as the CPU twin (src/cpu/adamw.cpp), so both give the same bits up to the libm/CUDA sqrt and division, which are
 // both correctly rounded. BF16 moments are updated in fp32, used unrounded, and stored rounded to nearest even.
@@ -29,13 +30,13 @@ __device__ __forceinline__ void adamw_one(float& p, float g, float& m, float& v,
   p = __fsub_rn(__fmul_rn(p, s.decay), __fdiv_rn(__fmul_rn(s.step_size, m), denom));
 }
 
-// A moment element, or a group of four (16 bytes of f32, 8 of bf16), in fp32.
-__device__ __forceinline__ float ld_moment(const float* m, int64_t i) { return m[i]; }
-__device__ __forceinline__ float ld_moment(const cuda::bf16* m, int64_t i) { return __bfloat162float(m[i]); }
+// A moment or grad element, or a group of four (16 bytes of f32, 8 of bf16), in fp32.
+__device__ __forceinline__ float ld_wide(const float* m, int64_t i) { return m[i]; }
+__device__ __forceinline__ float ld_wide(const cuda::bf16* m, int64_t i) { return __bfloat162float(m[i]); }
 __device__ __forceinline__ void st_moment(float* m, int64_t i, float x) { m[i] = x; }
 __device__ __forceinline__ void st_moment(cuda::bf16* m, int64_t i, float x) { m[i] = __float2bfloat16_rn(x); }
-__device__ __forceinline__ float4 ld_moment4(const float* m, int64_t i4) { return reinterpret_cast<const float4*>(m)[i4]; }
-__device__ __forceinline__ float4 ld_moment4(const cuda::bf16* m, int64_t i4) {
+__device__ __forceinline__ float4 ld_wide4(const float* m, int64_t i4) { return reinterpret_cast<const float4*>(m)[i4]; }
+__device__ __forceinline__ float4 ld_wide4(const cuda::bf16* m, int64_t i4) {
   const uint2 u = reinterpret_cast<const uint2*>(m)[i4];
   const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
   const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
@@ -79,14 +80,14 @@ __device__ __forceinline__ void put_working4(TW* w, int64_t wn, int64_t i4, floa
 
 // param and grad 16-byte aligned, m and v aligned to a group of four: four elements per thread and pass; the
 // caller handles the n%4 tail with the scalar kernel.
-template <typename TM, typename TW>
-__global__ void adamw_vec4_kernel(float4* __restrict__ p, const float4* __restrict__ g, TM* __restrict__ m,
+template <typename TG, typename TM, typename TW>
+__global__ void adamw_vec4_kernel(float4* __restrict__ p, const TG* __restrict__ g, TM* __restrict__ m,
                                   TM* __restrict__ v, int64_t n4, const AdamScalars s, TW* __restrict__ w,
                                   int64_t wn, bool w4) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += stride) {
-    float4 pp = p[i], mm = ld_moment4(m, i), vv = ld_moment4(v, i);
-    const float4 gg = g[i];
+    float4 pp = p[i], mm = ld_wide4(m, i), vv = ld_wide4(v, i);
+    const float4 gg = ld_wide4(g, i);
     adamw_one(pp.x, gg.x, mm.x, vv.x, s);
     adamw_one(pp.y, gg.y, mm.y, vv.y, s);
     adamw_one(pp.z, gg.z, mm.z, vv.z, s);
@@ -98,14 +99,14 @@ __global__ void adamw_vec4_kernel(float4* __restrict__ p, const float4* __restri
   }
 }
 
-template <typename TM, typename TW>
-__global__ void adamw_scalar_kernel(float* __restrict__ p, const float* __restrict__ g, TM* __restrict__ m,
+template <typename TG, typename TM, typename TW>
+__global__ void adamw_scalar_kernel(float* __restrict__ p, const TG* __restrict__ g, TM* __restrict__ m,
                                     TM* __restrict__ v, int64_t n, const AdamScalars s, TW* __restrict__ w,
                                     int64_t wn) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float pi = p[i], mi = ld_moment(m, i), vi = ld_moment(v, i);
-    adamw_one(pi, g[i], mi, vi, s);
+    float pi = p[i], mi = ld_wide(m, i), vi = ld_wide(v, i);
+    adamw_one(pi, ld_wide(g, i), mi, vi, s);
     p[i] = pi;
     st_moment(m, i, mi);
     st_moment(v, i, vi);
@@ -115,8 +116,8 @@ __global__ void adamw_scalar_kernel(float* __restrict__ p, const float* __restri
 
 bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-template <typename TM, typename TW>
-void adamw_launch(float* pp, const float* gp, TM* mp, TM* vp, int64_t n, const AdamWStep& s, TW* w, int64_t wn,
+template <typename TG, typename TM, typename TW>
+void adamw_launch(float* pp, const TG* gp, TM* mp, TM* vp, int64_t n, const AdamWStep& s, TW* w, int64_t wn,
                   cudaStream_t stream) {
   const char* op = "adamw_step";
   if (n == 0) return;
@@ -135,10 +136,11 @@ void adamw_launch(float* pp, const float* gp, TM* mp, TM* vp, int64_t n, const A
   sc.eps = s.eps;
 
   int64_t done = 0;
-  if (aligned(pp, 16) && aligned(gp, 16) && aligned(mp, 4 * sizeof(TM)) && aligned(vp, 4 * sizeof(TM)) && n >= 4) {
+  if (aligned(pp, 16) && aligned(gp, 4 * sizeof(TG)) && aligned(mp, 4 * sizeof(TM)) && aligned(vp, 4 * sizeof(TM)) &&
+      n >= 4) {
     const int64_t n4 = n / 4;
     adamw_vec4_kernel<<<cuda::blocks_for(n4, kThreads), kThreads, 0, stream>>>(
-        reinterpret_cast<float4*>(pp), reinterpret_cast<const float4*>(gp), mp, vp, n4, sc, w, wn,
+        reinterpret_cast<float4*>(pp), gp, mp, vp, n4, sc, w, wn,
         aligned(w, 4 * sizeof(TW)));
     cuda::check_launch(op);
     done = n4 * 4;
@@ -152,13 +154,12 @@ void adamw_launch(float* pp, const float* gp, TM* mp, TM* vp, int64_t n, const A
 }
 
 // Checks the arguments and picks the moments' dtype (both alike, F32 or BF16).
-template <typename TW>
-void adamw_moments(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s,
-                   TW* w, int64_t wn, cudaStream_t stream) {
+template <typename TG, typename TW>
+void adamw_moments(const Tensor& param, const TG* gp, const Tensor& grad, const Tensor& m, const Tensor& v,
+                   const AdamWStep& s, TW* w, int64_t wn, cudaStream_t stream) {
   const char* op = "adamw_step";
   const int64_t n = param.numel();
   float* pp = cuda::f32(param, op, "param");
-  const float* gp = cuda::f32(grad, op, "grad");
   cuda::expect_numel(grad, n, op, "grad");
   cuda::expect_numel(m, n, op, "m");
   cuda::expect_numel(v, n, op, "v");
@@ -171,11 +172,22 @@ void adamw_moments(const Tensor& param, const Tensor& grad, const Tensor& m, con
     adamw_launch(pp, gp, cuda::f32(m, op, "m"), cuda::f32(v, op, "v"), n, s, w, wn, stream);
 }
 
+// Picks the grad's dtype (F32 or BF16).
+template <typename TW>
+void adamw_grads(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s,
+                 TW* w, int64_t wn, cudaStream_t stream) {
+  const char* op = "adamw_step";
+  if (grad.dtype == DType::BF16)
+    adamw_moments(param, cuda::bf16p(grad, op, "grad"), grad, m, v, s, w, wn, stream);
+  else
+    adamw_moments(param, cuda::f32(grad, op, "grad"), grad, m, v, s, w, wn, stream);
+}
+
 }  // namespace
 
 void CudaOps::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                          const AdamWStep& s) {
-  adamw_moments<float>(param, grad, m, v, s, nullptr, 0, ctx_->stream);
+  adamw_grads<float>(param, grad, m, v, s, nullptr, 0, ctx_->stream);
 }
 
 void CudaOps::adamw_step_to(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
@@ -186,9 +198,9 @@ void CudaOps::adamw_step_to(const Tensor& param, const Tensor& grad, const Tenso
     cuda::fail(op, "working " + working.shape_str() + " is longer than param " + param.shape_str());
   if (wn > 0 && working.data == param.data) cuda::fail(op, "working aliases param");
   if (working.dtype == DType::BF16)
-    adamw_moments(param, grad, m, v, s, wn ? cuda::bf16p(working, op, "working") : nullptr, wn, ctx_->stream);
+    adamw_grads(param, grad, m, v, s, wn ? cuda::bf16p(working, op, "working") : nullptr, wn, ctx_->stream);
   else
-    adamw_moments(param, grad, m, v, s, wn ? cuda::f32(working, op, "working") : nullptr, wn, ctx_->stream);
+    adamw_grads(param, grad, m, v, s, wn ? cuda::f32(working, op, "working") : nullptr, wn, ctx_->stream);
 }
 
 }  // namespace mxt

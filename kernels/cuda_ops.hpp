@@ -149,6 +149,9 @@ class CudaOps : public Ops {
   static LmHeadDims check_lm_head(const char* op, const Tensor& h, const Tensor& W, const Tensor& labels,
                                   const Tensor& loss_sum, const Tensor& dh, const Tensor& dW, const Tensor& dlogits);
 
+  // grouped_gemm_wgrad_sets storing a bf16 dW one expert at a time, where the sm90 kernel does not; acc: the norm.
+  void wgrad_sets_bf16_by_expert(const std::vector<WgradRowSet>& sets, const Tensor& dW, const Tensor* acc);
+
   // acc[0] += sum(x[0..n)), in fp64 and in a fixed order: the clipping norm's per-tile partial sums of squares.
   void sum_values(const float* x, int64_t n, float* acc, const char* op);
 

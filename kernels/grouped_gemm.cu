@@ -434,13 +434,35 @@ WgradSetRows wgrad_set_rows(const std::vector<Ops::WgradRowSet>& sets, const Ten
 }
 }  // namespace
 
+// A bf16 dW (expert_grad_dtype=bfloat16) where the Hopper kernel does not store it: expert by expert, the fp32
+// sums of every set into a scratch of one expert's [out, in], rounded into dW[e] (the same single rounding), and
+// with acc its squares. The sets' offsets slice to one expert's pair, which still indexes the set's rows.
+void CudaOps::wgrad_sets_bf16_by_expert(const std::vector<WgradRowSet>& sets, const Tensor& dW, const Tensor* acc) {
+  if (sets.empty()) return zero(dW);  // (no rows: zeros, whose squares add nothing)
+  const Groups g = check_groups(dW, sets[0].offsets, "grouped_gemm_wgrad_sets", "dW");
+  auto* tmp = static_cast<float*>(ctx_->scratch("wgrad_bf16", sizeof(float) * static_cast<size_t>(g.out * g.in)));
+  const Tensor t(tmp, DType::F32, {1, g.out, g.in}, dW.device);
+  for (int64_t e = 0; e < g.E; ++e) {
+    std::vector<WgradRowSet> one;
+    for (const WgradRowSet& r : sets) one.push_back({r.dy, r.x, r.offsets.rows(e, 2)});
+    Ops::grouped_gemm_wgrad_sets(one, t, false);
+    const Tensor de = dW.rows(e, 1);
+    copy(t, de);
+    if (acc) sum_squares(de, *acc);
+  }
+}
+
 // One Hopper pass over every row set where the sm90 kernel applies; else (and for empty sets) one call per set.
 void CudaOps::grouped_gemm_wgrad_sets(const std::vector<WgradRowSet>& sets, const Tensor& dW, bool accumulate) {
   const char* op = "grouped_gemm_wgrad_sets";
+  const bool b16 = dW.dtype == DType::BF16;
+  if (b16 && accumulate) cuda::fail(op, "a bf16 dW is stored, never added to (expert_grad_dtype=bfloat16)");
   const WgradSetRows w = wgrad_set_rows(sets, dW, op);
   if (w.any() && sm90::try_grouped_wgrad(w.rows.data(), static_cast<int>(w.rows.size()), w.E, w.out, w.in,
-                                         cuda::f32(dW, op, "dW"), ctx(), accumulate))
+                                         b16 ? static_cast<void*>(cuda::bf16p(dW, op, "dW")) : cuda::f32(dW, op, "dW"),
+                                         ctx(), accumulate, nullptr, 0, b16))
     return;
+  if (b16) return wgrad_sets_bf16_by_expert(sets, dW, nullptr);
   Ops::grouped_gemm_wgrad_sets(sets, dW, accumulate);
 }
 
@@ -451,16 +473,19 @@ void CudaOps::grouped_gemm_wgrad_sets_norm(const std::vector<WgradRowSet>& sets,
   const char* op = "grouped_gemm_wgrad_sets_norm";
   float* a = cuda::f32(acc, op, "acc");
   if (acc.numel() < 1) cuda::fail(op, "acc is empty");
+  const bool b16 = dW.dtype == DType::BF16;
   const WgradSetRows w = wgrad_set_rows(sets, dW, op);
   if (w.any()) {
     const int64_t slots = sm90::wgrad_norm_slots(w.E, w.out, w.in);
     auto* part = static_cast<float*>(ctx_->scratch("wgrad_norm", sizeof(float) * static_cast<size_t>(slots)));
     if (sm90::try_grouped_wgrad(w.rows.data(), static_cast<int>(w.rows.size()), w.E, w.out, w.in,
-                                cuda::f32(dW, op, "dW"), ctx(), false, part, slots)) {
+                                b16 ? static_cast<void*>(cuda::bf16p(dW, op, "dW")) : cuda::f32(dW, op, "dW"),
+                                ctx(), false, part, slots, b16)) {
       sum_values(part, slots, a, op);
       return;
     }
   }
+  if (b16) return wgrad_sets_bf16_by_expert(sets, dW, &acc);
   Ops::grouped_gemm_wgrad_sets_norm(sets, dW, acc);
 }
 

@@ -152,6 +152,8 @@ struct Params {
   int32_t tails_gathered;                  // wgrad: sets [0, sets - 1) run only their whole k-blocks of each
                                            // expert; the last set holds the rest (gather_wgrad_tails)
   int32_t overwrite;                       // wgrad: dW = the sum (TMA stores) instead of dW += it
+  int32_t out_bf16;                        // wgrad storing: dW is bf16, each sum rounded to nearest even, left in
+                                           // 64 x 32 boxes (the f32 boxes' 64-byte rows); the norm sums the rounded
   int32_t N;        // output columns (fwd: out, dgrad: in, wgrad: in)
   int32_t K;        // fwd / dgrad: contraction length; wgrad: M (= out, rows of dW[e])
   int32_t n_units;  // n-tiles per scheduling unit row: ceil(ceil(N / BN) / cluster size) (wgrad pair_m: n-tiles)
@@ -167,7 +169,8 @@ struct Params {
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing,
                     // 3 = no epilogue (timing only), 4 = wgrad pairs over m-tiles read the wrong x columns,
                     // 5 = the norm's slots leave out lanes 28-31 (rows 7 and 15 of each warp's 16),
-                    // 7 = wgrad boxes never sent, 8 = a spin instead of the wgrad epilogue (both timing only)
+                    // 7 = wgrad boxes never sent, 8 = a spin instead of the wgrad epilogue (both timing only),
+                    // 9 = a bf16 dW's pairs stored with their two columns swapped
   int32_t tail;     // wgrad: a row set's last k-block of an expert (WgradTail)
   int32_t odd_tail;   // fwd / dgrad, CTA pairs: an odd last m-tile over two n-tiles (MXTRAIN_GG_ODD_TAIL=pair)
   int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC); wgrad: the
@@ -190,6 +193,18 @@ struct Params {
 __host__ __device__ inline int64_t norm_slot(int64_t e, int32_t m0, int32_t n0, int64_t M, int64_t N, int bn, int w) {
   const int64_t all_m = (M + BM - 1) / BM, all_n = (N + bn - 1) / bn;
   return ((e * all_m + m0 / BM) * all_n + n0 / bn) * 8 + w;
+}
+
+// Two sums rounded to bf16 (nearest even) as one 32-bit word, a first; their rounded squares added to sq, so that
+// the clipping norm sums what the optimizer will read. fault 9 swaps the pair.
+__device__ __forceinline__ uint32_t bf16x2_norm(float a, float b, float& sq, bool norm, int fault) {
+  const __nv_bfloat162 v = fault == 9 ? __floats2bfloat162_rn(b, a) : __floats2bfloat162_rn(a, b);
+  if (norm) {
+    const float2 r = __bfloat1622float2(v);
+    sq = fmaf(r.x, r.x, sq);
+    sq = fmaf(r.y, r.y, sq);
+  }
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // Wgrad with Params::sumsq: this warp's sum of squares (each lane's sq) into its slot.
@@ -698,6 +713,20 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
       const int64_t M = p.K, N = p.N;
       float* base = static_cast<float*>(p.out) + static_cast<int64_t>(it.e) * M * N;
       const int64_t ra = it.m0 + r_local, rb = ra + 8;
+      if (p.out_bf16) {  // storing only (try_grouped_wgrad)
+        uint32_t* wbase = reinterpret_cast<uint32_t*>(static_cast<bf16*>(p.out) + static_cast<int64_t>(it.e) * M * N);
+#pragma unroll
+        for (int j = 0; j < C::kAcc / 4; ++j) {
+          const int64_t n = it.n0 + 8 * j + col_l;
+          const uint32_t va = bf16x2_norm(acc[4 * j], acc[4 * j + 1], sq, norm, p.fault);
+          const uint32_t vb = bf16x2_norm(acc[4 * j + 2], acc[4 * j + 3], sq, norm, p.fault);
+          if (n >= N) continue;
+          if (ra < M) wbase[(ra * N + n) / 2] = va;
+          if (rb < M) wbase[(rb * N + n) / 2] = vb;
+        }
+        if (norm) store_norm_slot<BN>(p, it.e, it.m0, it.n0, sq, cw * 4 + warp, lane);
+        continue;
+      }
 #pragma unroll
       for (int j = 0; j < C::kAcc / 4; ++j) {
         const int64_t n = it.n0 + 8 * j + col_l;
@@ -726,6 +755,30 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
       asm volatile("" : "+r"(r0), "+r"(boxes));
       const int wt = ct % 128;
       const uint32_t bar_id = 2 + cw;
+      if (p.out_bf16) {  // storing only: 64 x 32 bf16 boxes, the same 64-byte rows and swizzle as the f32 boxes
+#pragma unroll
+        for (int c = 0; c < BN / (2 * kEpiCols); ++c) {
+          const int b = epi_box;
+          epi_box = epi_box + 1 == kEpiBufs ? 0 : epi_box + 1;
+          if (wt == 0) CK_TIMED(bulk_wait_group_read<kEpiBufs - 1>());
+          named_barrier_sync(bar_id, 128);
+          const uint32_t box = boxes + b * kEpiBox;
+#pragma unroll
+          for (int jj = 0; jj < kEpiCols / 4; ++jj) {
+            const int q = 4 * (c * (kEpiCols / 4) + jj), word = 4 * jj + lane % 4;
+            st_shared_b32(box + sw64_offset(r0, word), bf16x2_norm(acc[q], acc[q + 1], sq, norm, p.fault));
+            st_shared_b32(box + sw64_offset(r0 + 8, word), bf16x2_norm(acc[q + 2], acc[q + 3], sq, norm, p.fault));
+          }
+          fence_proxy_async_smem();
+          named_barrier_sync(bar_id, 128);
+          if (wt == 0) {
+            tma_store_3d(mC, boxes + b * kEpiBox, it.n0 + 2 * kEpiCols * c, it.m0 + 64 * cw, it.e);
+            bulk_commit_group();
+          }
+        }
+        if (norm) store_norm_slot<BN>(p, it.e, it.m0, it.n0, sq, cw * 4 + warp, lane);
+        continue;
+      }
 #pragma unroll
       for (int c = 0; c < BN / kEpiCols; ++c) {
         const int b = epi_box;
@@ -1220,12 +1273,12 @@ bool l2_hints(int dir) {
   return ((o >= 0 ? o : env) >> dir) & 1;
 }
 
-// MXTRAIN_GG_FAULT=mask|tail|pairm|norm|split breaks the kernels on purpose, so a GPU run can check that the tests
+// MXTRAIN_GG_FAULT=mask|tail|pairm|norm|split|bf16swap breaks the kernels on purpose, so a GPU run can check that the tests
 // catch it. noepi, epiboxes and epispin are timing only (wrong sums): the weight gradient without its epilogue, with
 // its boxes written but never sent, with a 7,000-cycle spin in its place (session 43's in-GEMM clocks).
 int fault_injection() {
   static const int v = env_choice("MXTRAIN_GG_FAULT", {"none", "mask", "tail", "noepi", "pairm", "norm", "split",
-                                                      "epiboxes", "epispin"});
+                                                      "epiboxes", "epispin", "bf16swap"});
   return v;
 }
 
@@ -1569,13 +1622,15 @@ bool grouped_clocks_take(unsigned long long out[14]) {
 #endif
 }
 
-bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t out, int64_t in, float* dW,
-                       CudaContext& ctx, bool accumulate, float* sumsq, int64_t sumsq_slots) {
+bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t out, int64_t in, void* dW,
+                       CudaContext& ctx, bool accumulate, float* sumsq, int64_t sumsq_slots, bool dW_bf16) {
   const char* op = "grouped_gemm_wgrad";
   if (ngiven < 1 || !wants_sm90() || !device_ok(ctx.device)) return false;
+  // A bf16 dW is stored, never added to (one rounding of the whole sum), in rows of whole 16-byte pieces.
+  if (dW_bf16 && (accumulate || in % 8 != 0)) return false;
   // The norm's partials come from one storing launch's epilogue, and fill every slot (dW's every tile is stored).
   const int fault = fault_injection();  // the timing-only faults leave dW wrong
-  if (sumsq && (accumulate || sumsq_slots < wgrad_norm_slots(E, out, in) || fault == 3 || fault >= 7)) return false;
+  if (sumsq && (accumulate || sumsq_slots < wgrad_norm_slots(E, out, in) || fault == 3 || fault == 7 || fault == 8)) return false;
   for (int i = 0; i < ngiven; ++i) {
     const WgradRows& r = given[i];
     if (!shapes_ok(E, r.R, out, in) || !aligned(r.dy, 16) || !aligned(r.x, 16)) return false;  // TMA bases
@@ -1595,17 +1650,18 @@ bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t ou
   auto operand_maps = [&](const WgradRows& r, CUtensorMap& ma, CUtensorMap& mb) {
     return rows_map(ma, op, "dy", r.dy, M, r.R, BK) && rows_map(mb, op, "x", r.x, N, r.R, BK);
   };
-  // dW [E, M, N] fp32, added to (or stored) in 16-column x 64-row boxes.
+  // dW [E, M, N] fp32, added to (or stored) in 16-column x 64-row boxes; bf16: stored in 32-column boxes.
+  const cuuint64_t es = dW_bf16 ? 2 : 4;
   const cuuint64_t c_dims[3] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
-  const cuuint64_t c_strides[2] = {static_cast<cuuint64_t>(N) * 4, static_cast<cuuint64_t>(N * M) * 4};
-  const cuuint32_t c_box[3] = {kEpiCols, 64, 1};
+  const cuuint64_t c_strides[2] = {static_cast<cuuint64_t>(N) * es, static_cast<cuuint64_t>(N * M) * es};
+  const cuuint32_t c_box[3] = {dW_bf16 ? 2u * kEpiCols : kEpiCols, 64, 1};
   CUtensorMap mc, pf;
-  if (!make_map(mc, op, "dW", dW, 3, c_dims, c_strides, c_box, CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-                CU_TENSOR_MAP_SWIZZLE_64B))
+  if (!make_map(mc, op, "dW", dW, 3, c_dims, c_strides, c_box,
+                dW_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, CU_TENSOR_MAP_SWIZZLE_64B))
     return false;
   const cuuint32_t pf_box[3] = {static_cast<cuuint32_t>(bn), BM, 1};  // one output tile
-  if (!make_map(pf, op, "dW (prefetch)", dW, 3, c_dims, c_strides, pf_box, CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-                CU_TENSOR_MAP_SWIZZLE_NONE))
+  if (!make_map(pf, op, "dW (prefetch)", dW, 3, c_dims, c_strides, pf_box,
+                dW_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, CU_TENSOR_MAP_SWIZZLE_NONE))
     return false;
 
   // Sets per launch: the kernel's map slots, and (sets - 1) x E row ranges in its schedule. Every map is built
@@ -1637,7 +1693,7 @@ bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t ou
     Params p;
   };
   const int launch_sets = gather ? nsets : per_launch;  // the tail set rides in the sets' one launch
-  if (sumsq && nsets > launch_sets) return false;
+  if ((sumsq || dW_bf16) && nsets > launch_sets) return false;  // one storing launch
   std::vector<Launch> launches;
   for (int first = 0; first < nsets; first += launch_sets) {
     const int n = std::min(launch_sets, nsets - first);
@@ -1657,6 +1713,7 @@ bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t ou
       p.set_R[i] = static_cast<int32_t>(sets[first + i].R);
     }
     p.overwrite = first == 0 && !accumulate ? 1 : 0;
+    p.out_bf16 = dW_bf16 ? 1 : 0;
     p.N = static_cast<int32_t>(N);
     p.K = static_cast<int32_t>(M);
     p.n_units = static_cast<int32_t>(n_units);

@@ -107,8 +107,11 @@ struct WgradRows {
 // With sumsq (accumulate false, at least wgrad_norm_slots floats): also each stored tile's sum of squares, per
 // consumer warp, into sumsq[0, wgrad_norm_slots) (their sum is sum(dW^2)); false (nothing launched) when the call
 // would not be one storing launch.
-bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out, int64_t in, float* dW,
-                       CudaContext& ctx, bool accumulate = true, float* sumsq = nullptr, int64_t sumsq_slots = 0);
+// With dW_bf16, dW is bf16 and stored (accumulate false, one launch, in a multiple of 8), each element the whole
+// fp32 sum rounded to nearest even; the sums of squares are of the rounded values.
+bool try_grouped_wgrad(const WgradRows* sets, int nsets, int64_t E, int64_t out, int64_t in, void* dW,
+                       CudaContext& ctx, bool accumulate = true, float* sumsq = nullptr, int64_t sumsq_slots = 0,
+                       bool dW_bf16 = false);
 int64_t wgrad_norm_slots(int64_t E, int64_t out, int64_t in);
 // Diagnostic builds (-DMXTRAIN_GG_CLOCKS) only: the weight gradient's consumer cycles since the last take, per
 // warpgroup {first k-block wait, rest of mainloop, its k-block waits, epilogue, items, the epilogue's waits for the

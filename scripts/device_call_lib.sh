@@ -7,6 +7,7 @@
 #   step 150 tests -- m/main/mxtrain_tests --gtest_filter='*GroupedGemm*'      # timeout 150 s, logs $W/tests.txt
 #   trainer 420 off1 8x7B-2layer MXTRAIN_GG_HALF_TAIL=off   # ours only, if started before 420 s
 #   trainer 400 hf 8x7B-2layer --hf MXTRAIN_GG_HALF_TAIL=on # beside the HF baseline
+#   trainer 420 b16 8x7B-2layer --set expert_grad_dtype=bfloat16   # a config override
 #   call_end                               # $OUT/logs.tgz, the timeline, each test log's last lines
 #
 # BIN (default m/main) names the unpacked build the trainer runs use; INIT_CACHE (default /tmp/mxt-init-cache) the
@@ -58,18 +59,20 @@ step() {
   return 0
 }
 
-# trainer DEADLINE NAME PRESET [--hf] [VAR=VAL ...]: scripts/bench_trainer.py on one preset, ours alone or (--hf)
-# beside the HF baseline, with the variables set; logs in $W/tr_NAME.txt, its files in $W/tr_NAME/.
+# trainer DEADLINE NAME PRESET [--hf] [--set KEY=VALUE ...] [VAR=VAL ...]: scripts/bench_trainer.py on one preset,
+# ours alone or (--hf) beside the HF baseline, with our config's overrides and the variables set; logs in
+# $W/tr_NAME.txt, its files in $W/tr_NAME/.
 trainer() {
-  local deadline=$1 name=$2 preset=$3 hf=none
+  local deadline=$1 name=$2 preset=$3 hf=none sets=()
   shift 3
   if [ "${1:-}" = --hf ]; then
     hf=$BIN/hf_baseline.py
     shift
   fi
+  while [ "${1:-}" = --set ]; do sets+=(--set "$2"); shift 2; done
   ok "$deadline" "trainer $name" || return 1
   env "$@" python3 scripts/bench_trainer.py --init-cache "$INIT_CACHE" --mxtrain "$BIN/mxtrain" --hf-baseline "$hf" \
-    --sample-gpu --out "$W/tr_$name" "$preset" > "$W/tr_$name.txt" 2>&1
+    ${sets[@]+"${sets[@]}"} --sample-gpu --out "$W/tr_$name" "$preset" > "$W/tr_$name.txt" 2>&1
   t "trainer $name rc $?"
 }
 

@@ -37,6 +37,7 @@ step 30 tests_gg -- m/main/fake_tests
 step 30 gg_x -- m/main/fake_tests
 trainer 100 ours 8x7B-2layer MODE=off
 trainer 100 beside 8x7B-2layer --hf MODE=on
+trainer 100 set 8x7B-2layer --hf --set a=1 --set b.c=x MODE=two
 CALL_END=\$((SECONDS + 7))
 step 60 tests_cut FAKE_SLEEP=20 -- m/main/fake_tests
 trainer 1000 past_end 8x7B-2layer
@@ -59,6 +60,8 @@ grep -q "^rc 0$" "$L/tests_a.txt" || fail "tests_a's exit status not logged"
 grep -q "^rc 3$" "$L/tests_b.txt" || fail "tests_b's exit status 3 not logged"
 grep -q -- "--hf-baseline none .*--out .*tr_ours 8x7B-2layer | MODE off" "$L/tr_ours.txt" || fail "ours-alone run: $(cat "$L/tr_ours.txt")"
 grep -q -- "--hf-baseline m/main/hf_baseline.py .* | MODE on" "$L/tr_beside.txt" || fail "beside-HF run: $(cat "$L/tr_beside.txt")"
+grep -q -- "--hf-baseline m/main/hf_baseline.py --set a=1 --set b.c=x --sample-gpu .* | MODE two" "$L/tr_set.txt" \
+  || fail "a run with config overrides: $(cat "$L/tr_set.txt")"
 grep -q "^rc 124$" "$L/tests_cut.txt" || fail "a step was not cut at CALL_END: $(cat "$L/tests_cut.txt")"
 grep -q "skipped: trainer past_end" "$L/timeline.txt" || fail "a trainer after CALL_END was not skipped"
 grep -q "skipped: trainer late" "$L/timeline.txt" || fail "a trainer past its deadline was not skipped"

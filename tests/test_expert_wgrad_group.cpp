@@ -272,5 +272,23 @@ TEST(ExpertWgradGroup, ConfigKey) {
   }
 }
 
+// expert_grad_dtype=bfloat16 (the expert gradients stored in bf16 by the step's one storing GEMM): the memory plan
+// counts 2 bytes per expert gradient element instead of 4, and a backend that computes in fp32 (here the CPU) is a
+// config error naming the key; the kernels and the training run are tested on the GPU.
+TEST(ExpertWgradGroup, Bf16ExpertGradsHalveTheirBytesAndNeedTheCudaBackend) {
+  TrainConfig f32 = config(2, 2), b16 = config(2, 2);
+  b16.expert_grad_dtype = "bfloat16";
+  const MemoryPlan pf = plan_memory(f32, DType::BF16), pb = plan_memory(b16, DType::BF16);
+  EXPECT_EQ(pf.param_bytes - pb.param_bytes, static_cast<size_t>(pf.expert_params) * 2);
+  auto ops = make_cpu_ops();
+  try {
+    Trainer t(b16, *ops, embedded_corpus_tokens());
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("expert_grad_dtype=bfloat16 needs the CUDA bf16 backend"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace mxt::testing

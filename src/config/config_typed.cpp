@@ -244,6 +244,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.recompute_experts = r.b("recompute_experts");
   c.model.router_force_load_balancing = r.b("router_force_load_balancing");
   c.expert_wgrad_micro_batches = r.i("expert_wgrad_micro_batches");
+  c.expert_grad_dtype = r.s("expert_grad_dtype");
   c.lm_head_wgrad_micro_batches = r.i("lm_head_wgrad_micro_batches");
   c.lm_head_chunk_tokens = r.i("lm_head_chunk_tokens");
   c.cuda_graphs = r.b("cuda_graphs");
@@ -294,6 +295,25 @@ void check_fp8_shapes(const TrainConfig& c) {
          "fp8_config.keep_attention_bf16=true)");
 }
 
+// expert_grad_dtype=bfloat16: each expert gradient is stored once per step by one GEMM, never added to in bf16.
+// (The backend's activation dtype is checked where it is known: Trainer.)
+void check_bf16_expert_grads(const TrainConfig& c) {
+  const std::string why = "expert_grad_dtype=bfloat16 needs ";
+  require(c.backend != "cpu" && c.backend != "cuda-fp32",
+          why + "the CUDA bf16 backend (backend=cuda or auto on a GPU), got backend=" + c.backend);
+  require(!c.fp8.enabled, why + "fp8_config.enabled=false (MXFP8 adds each micro-batch's expert gradients)");
+  require(c.expert_wgrad_micro_batches >= c.grad_acc_steps,
+          fmt::format("{}expert_wgrad_micro_batches >= grad_acc_steps ({}), so that one GEMM per step stores each "
+                      "expert gradient; got expert_wgrad_micro_batches={}",
+                      why, c.grad_acc_steps, c.expert_wgrad_micro_batches));
+  require(c.parallelism.dp_size == 1,
+          fmt::format("{}parallelism.dp_size=1 (expert gradients are summed over dp replicas in fp32); got {}", why,
+                      c.parallelism.dp_size));
+  require(c.parallelism.ep_rebalance_interval == 0 || c.parallelism.ep_size == 1,
+          fmt::format("{}parallelism.ep_rebalance_interval=0 (expert moves stage through the fp32 gradient buffer); "
+                      "got {}", why, c.parallelism.ep_rebalance_interval));
+}
+
 void check_rest(TrainConfig& c) {
   require_positive(c.num_train_steps, "num_train_steps");
   require_positive(c.lm_head_chunk_tokens, "lm_head_chunk_tokens");
@@ -304,6 +324,8 @@ void check_rest(TrainConfig& c) {
   require_one_of(c.fp8.hopper_gemm, {"fp8", "bf16"}, "fp8_config.hopper_gemm");
   require_one_of(c.checkpoint.final_model_dtype, {"float32", "bfloat16"}, "checkpoint.final_model_dtype");
   require_one_of(c.adamw_moments_dtype, {"float32", "bfloat16"}, "adamw_moments_dtype");
+  require_one_of(c.expert_grad_dtype, {"float32", "bfloat16"}, "expert_grad_dtype");
+  if (c.expert_grad_dtype == "bfloat16") check_bf16_expert_grads(c);
   require(!c.output_dir.empty(), "output_dir must not be empty");
   require_positive(c.parallelism.dp_size, "parallelism.dp_size");
   require_positive(c.parallelism.ep_size, "parallelism.ep_size");

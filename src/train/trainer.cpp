@@ -48,6 +48,10 @@ DType moments_dtype(const TrainConfig& cfg) {
   return cfg.adamw_moments_dtype == "bfloat16" ? DType::BF16 : DType::F32;
 }
 
+DType expert_grad_dtype(const TrainConfig& cfg) {
+  return cfg.expert_grad_dtype == "bfloat16" ? DType::BF16 : DType::F32;
+}
+
 std::shared_ptr<ProcessGroups> checked_groups(const TrainConfig& c, std::shared_ptr<ProcessGroups> g) {
   if (!g) g = make_single_process_groups();
   const RankLayout& L = g->layout;
@@ -70,6 +74,9 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   const int64_t T = cfg.dataset.micro_batch_size * cfg.dataset.max_seq_length;
   const DType F = DType::F32;
   const DType moments = moments_dtype(cfg);
+  if (expert_grad_dtype(cfg) == DType::BF16 && ops.act_dtype() != DType::BF16)
+    throw ConfigError(std::string("expert_grad_dtype=bfloat16 needs the CUDA bf16 backend; this run's backend "
+                                  "computes in ") + dtype_name(ops.act_dtype()) + " (backend=" + cfg.backend + ")");
   ops_.set_lm_head_chunk_tokens(cfg.lm_head_chunk_tokens);
   dense_shard_ = make_param_shard(groups_->world.get(), layout_.dense_numel);
   expert_shard_ = make_param_shard(groups_->dp.get(), layout_.expert_numel);
@@ -81,7 +88,7 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
     const std::string p = fp == &dense_ ? "dense." : "expert.";
     const bool sharded = fp == &dense_ && dense_master_sharded_;
     state_.add(fp->master, p + "master", F, {sharded ? sh.shard : sh.padded});
-    state_.add(fp->grad, p + "grad", F, {sh.padded});
+    state_.add(fp->grad, p + "grad", fp == &dense_ ? F : expert_grad_dtype(cfg), {sh.padded});
     state_.add(fp->adam_m, p + "adam_m", moments, {sh.shard});
     state_.add(fp->adam_v, p + "adam_v", moments, {sh.shard});
     fp->shard_offset = sh.offset;
@@ -623,7 +630,7 @@ void Trainer::dump_first_batch(const std::string& dir) {
   ops_.zero(dense_.grad);
   ops_.zero(expert_.grad);
   ops_.zero(loss_slots_);
-  model_->set_micro_batch(0, 1);
+  model_->set_micro_batch(0, 1, expert_.grad.dtype == DType::BF16);  // a bf16 expert gradient is stored, not added to
   load_batch(loader_);
   const float ce_scale = 1.f / static_cast<float>(std::max<int64_t>(1, n_valid_));
   const double aux = model_->forward_backward(mb_, ce_scale, 1.f, loss_slots_.rows(0, 1), true, cfg_.seed);
@@ -633,7 +640,7 @@ void Trainer::dump_first_batch(const std::string& dir) {
 
   std::vector<float> gd(layout_.dense_numel), ge(layout_.expert_numel);
   ops_.download(gd.data(), dense_.grad.data, gd.size() * sizeof(float));
-  ops_.download(ge.data(), expert_.grad.data, ge.size() * sizeof(float));
+  download_f32(ops_, expert_.grad, 0, layout_.expert_numel, ge.data());
   export_hf_weights(dir + "/grads", layout_, cfg_.model, gd, ge, DType::F32);
 
   // Logits of the same batch from the saved final hidden state (outside the step: allocation is fine here).
@@ -697,9 +704,9 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
   const size_t dense_working = act_dtype == DType::F32 ? 0 : act;
   const size_t expert_working = has_expert_working_copy(cfg.fp8, act_dtype) ? act : 0;
   const size_t moment = dtype_size(moments_dtype(cfg));
-  auto bytes = [&](int64_t n, int64_t replicas, size_t working) {
+  auto bytes = [&](int64_t n, int64_t replicas, size_t working, size_t grad = sizeof(float)) {
     const int64_t shard = (n + replicas - 1) / replicas;
-    return static_cast<size_t>(shard * replicas) * 2 * sizeof(float) + static_cast<size_t>(shard) * 2 * moment +
+    return static_cast<size_t>(shard * replicas) * (sizeof(float) + grad) + static_cast<size_t>(shard) * 2 * moment +
            static_cast<size_t>(n) * working;
   };
   const int64_t world = cfg.parallelism.dp_size * cfg.parallelism.ep_size;
@@ -710,7 +717,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
     const int64_t shard = (n + world - 1) / world;
     return static_cast<size_t>(shard * world) * (sizeof(float) + act) + static_cast<size_t>(shard) * (sizeof(float) + 2 * moment);
   };
-  p.param_bytes = dense_bytes(layout.dense_numel) + bytes(layout.expert_numel, cfg.parallelism.dp_size, expert_working);
+  p.param_bytes = dense_bytes(layout.dense_numel) + bytes(layout.expert_numel, cfg.parallelism.dp_size, expert_working,
+                                                          dtype_size(expert_grad_dtype(cfg)));
   p.expert_working_bytes = static_cast<size_t>(layout.expert_numel) * expert_working;
   p.act_dtype = act_dtype;
   const ExpertParallel ep{nullptr, nullptr, 0, static_cast<int>(cfg.parallelism.ep_size),
@@ -761,7 +769,7 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
   std::string s = fmt::format(
       "memory plan per rank (ep_size {}, dp_size {}, micro-batch {} x seq {}, activations {}):\n"
       "  parameters: {:.3f} B dense + {:.3f} B expert (this rank's {} of {} experts)\n"
-      "  fp32 master + grads + AdamW{}: {:.2f} GiB (AdamW moments in {}: ZeRO-1 shards over {} ranks "
+      "  fp32 master + grads{} + AdamW{}: {:.2f} GiB (AdamW moments in {}: ZeRO-1 shards over {} ranks "
       "dense{}, {} expert)\n"
       "{}"
       "  activations (arena{}): {:.2f} GiB\n"
@@ -769,8 +777,8 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       "{}"
       "  total: {:.2f} GiB\n  largest activation buffers:\n",
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
-      act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts, working,
-      gib(p.param_bytes), cfg.adamw_moments_dtype, world, sharded ? " with its fp32 master" : "", cfg.parallelism.dp_size,
+      act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts,
+      cfg.expert_grad_dtype == "bfloat16" ? " (the experts' in bf16)" : "", working, gib(p.param_bytes), cfg.adamw_moments_dtype, world, sharded ? " with its fp32 master" : "", cfg.parallelism.dp_size,
       p.fp8_weight_bytes ? fmt::format("  MXFP8 weight copies ({}{}, {}): {:.2f} GiB\n",
                                        cfg.fp8.bf16_gemms() ? "E4M3 values in bf16, hopper_gemm=bf16: " : "E4M3 ",
                                        cfg.fp8.cache_columnwise_weights

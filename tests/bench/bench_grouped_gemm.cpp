@@ -433,26 +433,31 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       mxt::sm90::set_grouped_wgrad_tail(-1);
       Buf norm_acc(ops, DType::F32, {1});
       // Each with the row sets' tails gathered into one more set (the default), left in place, and gathered with
-      // the CTAs kept in lockstep (set_grouped_wgrad_lockstep), alternating.
-      for (const int pass : {0, 1, 2, 3, 4, 5}) {
-        const bool norm = pass >= 3, gather = pass % 3 != 1, lockstep = pass % 3 == 2;
+      // the CTAs kept in lockstep (set_grouped_wgrad_lockstep), alternating; last, the default with a bf16 dW
+      // (expert_grad_dtype=bfloat16; its error is the one rounding, about 1e-3).
+      Buf out_b16(ops, DType::BF16, {out1.shape[0], out1.shape[1], out1.shape[2]});
+      for (const int pass : {0, 1, 2, 3, 4, 5, 6}) {
+        const bool norm = pass >= 3, gather = pass % 3 != 1, lockstep = pass % 3 == 2 || pass == 6, b16 = pass == 6;
         mxt::sm90::set_grouped_wgrad_gather(gather ? 1 : 0);
         mxt::sm90::set_grouped_wgrad_lockstep(lockstep ? 1 : 0);
+        const Tensor& dw = b16 ? out_b16.t : out1;
         auto call = [&] {
           if (norm)
-            ops.grouped_gemm_wgrad_sets_norm(rs, out1, norm_acc.t);
+            ops.grouped_gemm_wgrad_sets_norm(rs, dw, norm_acc.t);
           else
-            ops.grouped_gemm_wgrad_sets(rs, out1, false);
+            ops.grouped_gemm_wgrad_sets(rs, dw, false);
         };
         call();
+        if (b16) ops.copy(out_b16.t, out1);
         const double err = rel_l2_device(ops, out1, out2, acc2.t);
         char note[112];
         std::snprintf(note, sizeof(note), "rel L2 vs 8 single calls %.2e%s", err,
                       std::string(mxt::sm90::last_grouped_impl()) == "sm90" ? "" : " (FELL BACK)");
         const Timing t = time_it(st, flush, flush_bytes, 3, runs, call);
         char name[112];
-        std::snprintf(name, sizeof(name), "sm90 c2m 8 distinct half row sets, store%s, tails %s%s (the trainer's call)",
-                      norm ? " + norm" : "", gather ? "gathered" : "in place", lockstep ? ", lockstep" : "");
+        std::snprintf(name, sizeof(name), "sm90 c2m 8 distinct half row sets, store%s, tails %s%s (the trainer's call)%s",
+                      norm ? " + norm" : "", gather ? "gathered" : "in place", lockstep ? ", lockstep" : "",
+                      b16 ? ", bf16 dW" : "");
         rows.push_back(Row{s.name, op.name, name, t, 4 * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
       }
       mxt::sm90::set_grouped_wgrad_gather(-1);

@@ -583,6 +583,44 @@ TEST(CudaBasicOps, AdamWBf16MomentsMatchCpu) {
   EXPECT_THROW(gpu->adamw_step(a.t, a.t, b.t, a.t, s), std::exception);
 }
 
+// A BF16 grad (expert_grad_dtype=bfloat16) is widened exactly: the step is bit for bit the one on an F32 grad
+// holding the same values (param, moments, working copy), and follows the CPU twin as the F32 test requires; the
+// float4 path (8-byte grad groups) and the scalar path (misaligned by one element).
+TEST(CudaBasicOps, AdamWBf16GradIsTheF32StepOnItsValues) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  auto cpu = make_cpu_ops();
+  AdamWStep s;
+  s.lr = 2e-4f;
+  s.weight_decay = 0.05f;
+  s.step = 5;
+  s.grad_scale = 0.7f;
+  for (int64_t n : {int64_t{1000003}, int64_t{6}}) {
+    for (int64_t offset : {0, 1}) {
+      SCOPED_TRACE("n " + std::to_string(n) + " offset " + std::to_string(offset));
+      auto [p, g, m, v] = adamw_operands(n, 401);
+      round_bf16(g);
+      std::vector<float> rp(p), rm(m), rv(v);
+      cpu->adamw_step(host(rp, {n}), host(g, {n}), host(rm, {n}), host(rv, {n}), s);
+      auto view = [&](const DeviceTensor& d) { return d.t.rows(offset, n); };
+      auto tail = [&](const DeviceTensor& d) { return from_offset(*gpu, d, offset); };
+      std::vector<std::vector<float>> out[2];
+      for (DType gt : {DType::F32, DType::BF16}) {
+        auto gp = upload_after(*gpu, p, DType::F32, offset), gg = upload_after(*gpu, g, gt, offset);
+        auto gm = upload_after(*gpu, m, DType::F32, offset), gv = upload_after(*gpu, v, DType::F32, offset);
+        auto w = upload(*gpu, std::vector<float>(n + offset, -3.f), DType::BF16, {n + offset});
+        gpu->adamw_step_to(view(gp), view(gg), view(gm), view(gv), s, view(w));
+        out[gt == DType::BF16] = {tail(gp), tail(gm), tail(gv), tail(w)};
+      }
+      for (int k = 0; k < 4; ++k) EXPECT_EQ(out[1][k], out[0][k]) << "operand " << k;
+      EXPECT_CLOSE_REL(out[1][0], rp, 1e-6);
+      EXPECT_CLOSE_REL(out[1][1], rm, 1e-6);
+      expect_same_update(p, out[1][0], rp);
+      EXPECT_GT(rel_l2(out[1][0], p), 1e-5);
+    }
+  }
+}
+
 // The fused step writes the working copy as the separate copy would, bit for bit: bf16 and f32 copies, a copy shorter
 // than the master (its padding), a misaligned shard (the scalar path), the float4 path's tail, and a working copy
 // misaligned against an aligned master (the float4 path's element-by-element stores).

@@ -444,13 +444,100 @@ TEST(CudaExpertWgradGroup, NormSumsTheStoredSquares) {
   }
 }
 
-TrainedRun train(int64_t group, int64_t acc, bool graphs) {
+// A bf16 dW (expert_grad_dtype=bfloat16): the Hopper kernel's bf16 store is, bit for bit, its own fp32 store
+// rounded to nearest even (the same sums, one rounding), and the norm sums the rounded values' squares (1e-5). At
+// both tile widths, every cluster code, both epilogues, with an expert empty in every set (zeros), loads that are
+// not multiples of the k-block, dW rows not a multiple of the tile. MXTRAIN_GG_FAULT=bf16swap fails it.
+TEST(CudaExpertWgradGroup, Bf16StoreIsTheRoundedF32Store) {
+  MXT_REQUIRE_SM90();
+  auto gpu = make_cuda_ops();
+  struct Case {
+    int64_t out, in;
+    int nsets;
+  };
+  for (const Case& c : {Case{136, 72, 2}, Case{384, 640, 3}, Case{128, 200, 1}}) {
+    std::vector<RowSet> sets;
+    for (int i = 0; i < c.nsets; ++i)
+      sets.push_back(make_set({40 + 31 * i, 0, 129 - 7 * i, 70}, i % 3, c.out, c.in, 500 + 2 * i));
+    const int64_t E = 4;
+    const auto dw0 = randn(E * c.out * c.in, 600 + c.nsets);
+    const DeviceSets dev(*gpu, sets, c.out, c.in);
+    for (int bn : {256, 128}) {
+      for (int cl : {1, 2, 3}) {
+        for (int tma : {1, 0}) {
+          SCOPED_TRACE("out " + std::to_string(c.out) + " in " + std::to_string(c.in) + " sets " +
+                       std::to_string(c.nsets) + " BN " + std::to_string(bn) + " cluster " +
+                       sm90::cluster_code_name(cl) + (tma ? " TMA" : " direct"));
+          Guard guard;
+          sm90::set_grouped_tile_n(bn);
+          sm90::use_cluster_code(cl);
+          sm90::set_grouped_wgrad_tma(tma);
+          std::vector<float> want = gpu_sets(*gpu, sets, c.out, c.in, dw0, false);
+          round_bf16(want);
+          auto DW = upload(*gpu, dw0, DType::BF16, {E, c.out, c.in});
+          auto ACC = upload(*gpu, std::vector<float>{0.5f}, DType::F32, {1});
+          sm90::note_grouped_impl("none");
+          gpu->grouped_gemm_wgrad_sets_norm(dev.sets, DW, ACC);
+          EXPECT_STREQ(sm90::last_grouped_impl(), "sm90");
+          const std::vector<float> got = download(*gpu, DW);
+          ASSERT_EQ(got.size(), want.size());
+          int64_t differ = 0;
+          for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+          EXPECT_EQ(differ, 0) << "of " << got.size();
+          for (int64_t i = c.out * c.in; i < 2 * c.out * c.in; ++i) ASSERT_EQ(got[i], 0.f) << "expert 1 has no rows";
+          double ref = 0.5;
+          for (float v : got) ref += static_cast<double>(v) * v;
+          EXPECT_NEAR(download(*gpu, ACC)[0], ref, 1e-5 * ref);
+          // Without the norm, the same bits.
+          auto DW2 = upload(*gpu, dw0, DType::BF16, {E, c.out, c.in});
+          gpu->grouped_gemm_wgrad_sets(dev.sets, DW2, false);
+          EXPECT_EQ(download(*gpu, DW2), got);
+        }
+      }
+    }
+  }
+}
+
+// Where the Hopper kernel does not run (here: the wmma implementation forced), a bf16 dW is made expert by expert
+// through an fp32 scratch: the rounded wmma fp32 store, bit for bit, its squares in the norm, and an empty call
+// (no row sets) leaves zeros. Accumulating into a bf16 dW is refused.
+TEST(CudaExpertWgradGroup, Bf16StoreFallbackIsTheRoundedF32Store) {
+  MXT_REQUIRE_GPU();
+  auto gpu = make_cuda_ops();
+  std::vector<RowSet> sets{make_set({33, 0, 90}, 2, 64, 96, 700), make_set({5, 9, 130}, 0, 64, 96, 702)};
+  const int64_t E = 3, out = 64, in = 96;
+  const auto dw0 = randn(E * out * in, 704);
+  const DeviceSets dev(*gpu, sets, out, in);
+  sm90::set_grouped_impl(sm90::GroupedImpl::Wmma);
+  auto F = upload(*gpu, dw0, DType::F32, {E, out, in});
+  gpu->grouped_gemm_wgrad_sets(dev.sets, F, false);
+  std::vector<float> want = download(*gpu, F);
+  round_bf16(want);
+  auto DW = upload(*gpu, dw0, DType::BF16, {E, out, in});
+  auto ACC = upload(*gpu, std::vector<float>{0.25f}, DType::F32, {1});
+  gpu->grouped_gemm_wgrad_sets_norm(dev.sets, DW, ACC);
+  const std::string impl = sm90::last_grouped_impl();
+  auto EMPTY = upload(*gpu, dw0, DType::BF16, {E, out, in});
+  gpu->grouped_gemm_wgrad_sets({}, EMPTY, false);
+  sm90::set_grouped_impl(sm90::GroupedImpl::Auto);
+  EXPECT_EQ(impl, "wmma");
+  const std::vector<float> got = download(*gpu, DW);
+  EXPECT_EQ(got, want);
+  double ref = 0.25;
+  for (float v : got) ref += static_cast<double>(v) * v;
+  EXPECT_NEAR(download(*gpu, ACC)[0], ref, 1e-6 * ref);
+  EXPECT_EQ(download(*gpu, EMPTY), std::vector<float>(dw0.size(), 0.f));
+  EXPECT_THROW(gpu->grouped_gemm_wgrad_sets(dev.sets, DW, true), std::exception);
+}
+
+TrainedRun train(int64_t group, int64_t acc, bool graphs, const std::string& grad_dtype = "float32") {
   TrainConfig c = tiny_config("mxtrain_test_cuda_expert_wgrad_group", 64, 128);
   c.num_train_steps = 6;
   c.grad_acc_steps = acc;
   c.lr_scheduler = {2, 4, 0.1};
   c.expert_wgrad_micro_batches = group;
   c.cuda_graphs = graphs;
+  c.expert_grad_dtype = grad_dtype;
   auto gpu = make_cuda_ops();
   return train_to_end(c, *gpu);
 }
@@ -474,6 +561,25 @@ TEST(CudaExpertWgradGroup, TrainingFollowsTheUngroupedRun) {
         EXPECT_LT(rel_l2(on.expert, off.expert), 1e-3);
       }
     }
+  }
+}
+
+// expert_grad_dtype=bfloat16 follows the fp32 gradients' run (eager and graphs): the expert gradients differ by
+// one bf16 rounding (2^-9 relative), which AdamW's normalised step carries into the weights at about that size.
+TEST(CudaExpertWgradGroup, Bf16ExpertGradsFollowTheF32Run) {
+  MXT_REQUIRE_GPU();
+  for (const bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "cuda_graphs" : "eager");
+    const TrainedRun f32 = train(2, 2, graphs);
+    const TrainedRun b16 = train(2, 2, graphs, "bfloat16");
+    ASSERT_EQ(f32.losses.size(), b16.losses.size());
+    EXPECT_EQ(f32.losses.front(), b16.losses.front());
+    for (size_t i = 0; i < f32.losses.size(); ++i)
+      EXPECT_NEAR(b16.losses[i], f32.losses[i], 2e-3 * std::abs(f32.losses[i])) << "step " << i + 1;
+    const double d = rel_l2(b16.expert, f32.expert);
+    EXPECT_GT(d, 0.0);  // the gradients were rounded
+    EXPECT_LT(d, 1e-2);
+    EXPECT_LT(rel_l2(b16.dense, f32.dense), 1e-2);
   }
 }
 
