@@ -35,7 +35,9 @@ __device__ __forceinline__ float ld_wide(const float* m, int64_t i) { return m[i
 __device__ __forceinline__ float ld_wide(const cuda::bf16* m, int64_t i) { return __bfloat162float(m[i]); }
 __device__ __forceinline__ void st_moment(float* m, int64_t i, float x) { m[i] = x; }
 __device__ __forceinline__ void st_moment(cuda::bf16* m, int64_t i, float x) { m[i] = __float2bfloat16_rn(x); }
-__device__ __forceinline__ float4 ld_wide4(const float* m, int64_t i4) { return reinterpret_cast<const float4*>(m)[i4]; }
+__device__ __forceinline__ float4 ld_wide4(const float* m, int64_t i4) {
+  return reinterpret_cast<const float4*>(m)[i4];
+}
 __device__ __forceinline__ float4 ld_wide4(const cuda::bf16* m, int64_t i4) {
   const uint2 u = reinterpret_cast<const uint2*>(m)[i4];
   const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));

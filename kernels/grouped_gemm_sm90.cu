@@ -154,6 +154,7 @@ struct Params {
   int32_t overwrite;                       // wgrad: dW = the sum (TMA stores) instead of dW += it
   int32_t out_bf16;                        // wgrad storing: dW is bf16, each sum rounded to nearest even, left in
                                            // 64 x 32 boxes (the f32 boxes' 64-byte rows); the norm sums the rounded
+                                           // values
   int32_t N;        // output columns (fwd: out, dgrad: in, wgrad: in)
   int32_t K;        // fwd / dgrad: contraction length; wgrad: M (= out, rows of dW[e])
   int32_t n_units;  // n-tiles per scheduling unit row: ceil(ceil(N / BN) / cluster size) (wgrad pair_m: n-tiles)
@@ -1273,9 +1274,10 @@ bool l2_hints(int dir) {
   return ((o >= 0 ? o : env) >> dir) & 1;
 }
 
-// MXTRAIN_GG_FAULT=mask|tail|pairm|norm|split|bf16swap breaks the kernels on purpose, so a GPU run can check that the tests
-// catch it. noepi, epiboxes and epispin are timing only (wrong sums): the weight gradient without its epilogue, with
-// its boxes written but never sent, with a 7,000-cycle spin in its place (session 43's in-GEMM clocks).
+// MXTRAIN_GG_FAULT=mask|tail|pairm|norm|split|bf16swap breaks the kernels on purpose, so a GPU run can check that
+// the tests catch it. noepi, epiboxes and epispin are timing only (wrong sums): the weight gradient without its
+// epilogue, with its boxes written but never sent, with a 7,000-cycle spin in its place (session 43's in-GEMM
+// clocks).
 int fault_injection() {
   static const int v = env_choice("MXTRAIN_GG_FAULT", {"none", "mask", "tail", "noepi", "pairm", "norm", "split",
                                                       "epiboxes", "epispin", "bf16swap"});
@@ -1630,7 +1632,8 @@ bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t ou
   if (dW_bf16 && (accumulate || in % 8 != 0)) return false;
   // The norm's partials come from one storing launch's epilogue, and fill every slot (dW's every tile is stored).
   const int fault = fault_injection();  // the timing-only faults leave dW wrong
-  if (sumsq && (accumulate || sumsq_slots < wgrad_norm_slots(E, out, in) || fault == 3 || fault == 7 || fault == 8)) return false;
+  if (sumsq && (accumulate || sumsq_slots < wgrad_norm_slots(E, out, in) || fault == 3 || fault == 7 || fault == 8))
+    return false;
   for (int i = 0; i < ngiven; ++i) {
     const WgradRows& r = given[i];
     if (!shapes_ok(E, r.R, out, in) || !aligned(r.dy, 16) || !aligned(r.x, 16)) return false;  // TMA bases
@@ -1657,11 +1660,13 @@ bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t ou
   const cuuint32_t c_box[3] = {dW_bf16 ? 2u * kEpiCols : kEpiCols, 64, 1};
   CUtensorMap mc, pf;
   if (!make_map(mc, op, "dW", dW, 3, c_dims, c_strides, c_box,
-                dW_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, CU_TENSOR_MAP_SWIZZLE_64B))
+                dW_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                CU_TENSOR_MAP_SWIZZLE_64B))
     return false;
   const cuuint32_t pf_box[3] = {static_cast<cuuint32_t>(bn), BM, 1};  // one output tile
   if (!make_map(pf, op, "dW (prefetch)", dW, 3, c_dims, c_strides, pf_box,
-                dW_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, CU_TENSOR_MAP_SWIZZLE_NONE))
+                dW_bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+                CU_TENSOR_MAP_SWIZZLE_NONE))
     return false;
 
   // Sets per launch: the kernel's map slots, and (sets - 1) x E row ranges in its schedule. Every map is built

@@ -6,7 +6,8 @@
 #  2. the fault bf16swap (must fail the sm90 bf16-store test, and only it);
 #  3. the 8x7B step, float32 / bfloat16 alternating, five rounds (ours only);
 #  4. bench_grouped_gemm --trainer-call (the trainer's call with an f32 and a bf16 dW);
-#  5. issue 4's 8x7B figure: bfloat16 beside HF;  6. 8x1B float32 / bfloat16;
+#  5. issue 4's 8x7B figure: bfloat16 beside HF; bfloat16's step by op (MXTRAIN_STAGE_TIMING=ops);
+#  6. 8x1B float32 / bfloat16;
 #  7. every CUDA test.
 set -u
 source scripts/device_call_lib.sh
@@ -19,6 +20,7 @@ for r in 1 2 3 4 5; do
 done
 step 90 gg_call -- m/main/bench_grouped_gemm --no-wmma --shape 8x7B --runs 10 --trainer-call
 trainer 380 hf_b16 8x7B-2layer --hf --set expert_grad_dtype=bfloat16
+trainer 420 b16_ops 8x7B-2layer --set expert_grad_dtype=bfloat16 MXTRAIN_STAGE_TIMING=ops
 trainer 440 8x1B_f32 8x1B
 trainer 450 8x1B_b16 8x1B --set expert_grad_dtype=bfloat16
 ok 450 tests-all && step 578 tests_all -- m/main/mxtrain_tests --gtest_filter='*Cuda*:*Gpu*:*Mxfp8*:-Binary.*'

@@ -778,7 +778,8 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       "  total: {:.2f} GiB\n  largest activation buffers:\n",
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
       act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts,
-      cfg.expert_grad_dtype == "bfloat16" ? " (the experts' in bf16)" : "", working, gib(p.param_bytes), cfg.adamw_moments_dtype, world, sharded ? " with its fp32 master" : "", cfg.parallelism.dp_size,
+      cfg.expert_grad_dtype == "bfloat16" ? " (the experts' in bf16)" : "", working, gib(p.param_bytes),
+      cfg.adamw_moments_dtype, world, sharded ? " with its fp32 master" : "", cfg.parallelism.dp_size,
       p.fp8_weight_bytes ? fmt::format("  MXFP8 weight copies ({}{}, {}): {:.2f} GiB\n",
                                        cfg.fp8.bf16_gemms() ? "E4M3 values in bf16, hopper_gemm=bf16: " : "E4M3 ",
                                        cfg.fp8.cache_columnwise_weights

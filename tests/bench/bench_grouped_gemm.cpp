@@ -455,7 +455,8 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
                       std::string(mxt::sm90::last_grouped_impl()) == "sm90" ? "" : " (FELL BACK)");
         const Timing t = time_it(st, flush, flush_bytes, 3, runs, call);
         char name[112];
-        std::snprintf(name, sizeof(name), "sm90 c2m 8 distinct half row sets, store%s, tails %s%s (the trainer's call)%s",
+        std::snprintf(name, sizeof(name),
+                      "sm90 c2m 8 distinct half row sets, store%s, tails %s%s (the trainer's call)%s",
                       norm ? " + norm" : "", gather ? "gathered" : "in place", lockstep ? ", lockstep" : "",
                       b16 ? ", bf16 dW" : "");
         rows.push_back(Row{s.name, op.name, name, t, 4 * flops / (t.median_ms * 1e-3) / 1e12, 0, 0, note});
