@@ -116,14 +116,62 @@ __global__ void adamw_scalar_kernel(float* __restrict__ p, const TG* __restrict_
   }
 }
 
+// A master held split (optimizer_store_param_remainders): the device twins of mxtrain/bf16.hpp's join_master and
+// split_master (upper half rounded half away from zero, lower half as a signed remainder).
+__device__ __forceinline__ float join_master(uint16_t hi, uint16_t lo) {
+  const uint32_t up = (lo & 0x8000u) ? static_cast<uint16_t>(hi - 1u) : hi;
+  return __uint_as_float((up << 16) | lo);
+}
+__device__ __forceinline__ void split_master(float f, uint16_t& hi, uint16_t& lo) {
+  const uint32_t u = __float_as_uint(f);
+  lo = static_cast<uint16_t>(u & 0xffffu);
+  hi = static_cast<uint16_t>((u >> 16) + ((lo & 0x8000u) ? 1u : 0u));
+}
+
+// Four elements per thread and pass (hi and rem 8-byte groups, grad and moments as in adamw_vec4_kernel); the
+// caller handles the n%4 tail and misaligned buffers with the scalar kernel.
+template <typename TG, typename TM>
+__global__ void adamw_split_vec4_kernel(uint2* __restrict__ hi, uint2* __restrict__ rem, const TG* __restrict__ g,
+                                        TM* __restrict__ m, TM* __restrict__ v, int64_t n4, const AdamScalars s) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += stride) {
+    const uint2 h = hi[i], r = rem[i];
+    float4 mm = ld_wide4(m, i), vv = ld_wide4(v, i);
+    const float4 gg = ld_wide4(g, i);
+    float p[4] = {join_master(h.x & 0xffffu, r.x & 0xffffu), join_master(h.x >> 16, r.x >> 16),
+                  join_master(h.y & 0xffffu, r.y & 0xffffu), join_master(h.y >> 16, r.y >> 16)};
+    adamw_one(p[0], gg.x, mm.x, vv.x, s);
+    adamw_one(p[1], gg.y, mm.y, vv.y, s);
+    adamw_one(p[2], gg.z, mm.z, vv.z, s);
+    adamw_one(p[3], gg.w, mm.w, vv.w, s);
+    uint16_t ph[4], pl[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) split_master(p[k], ph[k], pl[k]);
+    hi[i] = make_uint2(ph[0] | (static_cast<uint32_t>(ph[1]) << 16), ph[2] | (static_cast<uint32_t>(ph[3]) << 16));
+    rem[i] = make_uint2(pl[0] | (static_cast<uint32_t>(pl[1]) << 16), pl[2] | (static_cast<uint32_t>(pl[3]) << 16));
+    st_moment4(m, i, mm);
+    st_moment4(v, i, vv);
+  }
+}
+
+template <typename TG, typename TM>
+__global__ void adamw_split_scalar_kernel(uint16_t* __restrict__ hi, uint16_t* __restrict__ rem,
+                                          const TG* __restrict__ g, TM* __restrict__ m, TM* __restrict__ v,
+                                          int64_t n, const AdamScalars s) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float p = join_master(hi[i], rem[i]), mi = ld_wide(m, i), vi = ld_wide(v, i);
+    adamw_one(p, ld_wide(g, i), mi, vi, s);
+    split_master(p, hi[i], rem[i]);
+    st_moment(m, i, mi);
+    st_moment(v, i, vi);
+  }
+}
+
 bool aligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-template <typename TG, typename TM, typename TW>
-void adamw_launch(float* pp, const TG* gp, TM* mp, TM* vp, int64_t n, const AdamWStep& s, TW* w, int64_t wn,
-                  cudaStream_t stream) {
-  const char* op = "adamw_step";
-  if (n == 0) return;
-  // Scalars exactly as the CPU twin computes them.
+// The step's scalars exactly as the CPU twin computes them.
+AdamScalars scalars_of(const AdamWStep& s) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(s.beta1), static_cast<double>(s.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(s.beta2), static_cast<double>(s.step));
   AdamScalars sc{};
@@ -136,6 +184,38 @@ void adamw_launch(float* pp, const TG* gp, TM* mp, TM* vp, int64_t n, const Adam
   sc.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   sc.decay = static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weight_decay);
   sc.eps = s.eps;
+  return sc;
+}
+
+template <typename TG, typename TM>
+void adamw_split_launch(uint16_t* hp, uint16_t* rp, const TG* gp, TM* mp, TM* vp, int64_t n, const AdamWStep& s,
+                        cudaStream_t stream) {
+  const char* op = "adamw_step_split";
+  if (n == 0) return;
+  const AdamScalars sc = scalars_of(s);
+  int64_t done = 0;
+  if (aligned(hp, 8) && aligned(rp, 8) && aligned(gp, 4 * sizeof(TG)) && aligned(mp, 4 * sizeof(TM)) &&
+      aligned(vp, 4 * sizeof(TM)) && n >= 4) {
+    const int64_t n4 = n / 4;
+    adamw_split_vec4_kernel<<<cuda::blocks_for(n4, kThreads), kThreads, 0, stream>>>(
+        reinterpret_cast<uint2*>(hp), reinterpret_cast<uint2*>(rp), gp, mp, vp, n4, sc);
+    cuda::check_launch(op);
+    done = n4 * 4;
+  }
+  if (done < n) {
+    const int64_t rest = n - done;
+    adamw_split_scalar_kernel<<<cuda::blocks_for(rest, kThreads), kThreads, 0, stream>>>(
+        hp + done, rp + done, gp + done, mp + done, vp + done, rest, sc);
+    cuda::check_launch(op);
+  }
+}
+
+template <typename TG, typename TM, typename TW>
+void adamw_launch(float* pp, const TG* gp, TM* mp, TM* vp, int64_t n, const AdamWStep& s, TW* w, int64_t wn,
+                  cudaStream_t stream) {
+  const char* op = "adamw_step";
+  if (n == 0) return;
+  const AdamScalars sc = scalars_of(s);
 
   int64_t done = 0;
   if (aligned(pp, 16) && aligned(gp, 4 * sizeof(TG)) && aligned(mp, 4 * sizeof(TM)) && aligned(vp, 4 * sizeof(TM)) &&
@@ -186,6 +266,35 @@ void adamw_grads(const Tensor& param, const Tensor& grad, const Tensor& m, const
 }
 
 }  // namespace
+
+void CudaOps::adamw_step_split(const Tensor& hi, const Tensor& rem, const Tensor& grad, const Tensor& m,
+                               const Tensor& v, const AdamWStep& s) {
+  const char* op = "adamw_step_split";
+  const int64_t n = hi.numel();
+  if (hi.dtype != DType::BF16 || rem.dtype != DType::I16)
+    cuda::fail(op, std::string("hi and rem must be bf16 and i16, got ") + dtype_name(hi.dtype) + " and " +
+                       dtype_name(rem.dtype));
+  cuda::expect_numel(rem, n, op, "rem");
+  cuda::expect_numel(grad, n, op, "grad");
+  cuda::expect_numel(m, n, op, "m");
+  cuda::expect_numel(v, n, op, "v");
+  if (s.step < 1) cuda::fail(op, "step is 1-based, got " + std::to_string(s.step));
+  if (m.dtype != v.dtype)
+    cuda::fail(op, std::string("m and v differ in dtype: ") + dtype_name(m.dtype) + ", " + dtype_name(v.dtype));
+  auto* hp = static_cast<uint16_t*>(hi.data);
+  auto* rp = static_cast<uint16_t*>(rem.data);
+  const cudaStream_t st = ctx_->stream;
+  auto with_grad = [&](auto* mp, auto* vp) {
+    if (grad.dtype == DType::BF16)
+      adamw_split_launch(hp, rp, cuda::bf16p(grad, op, "grad"), mp, vp, n, s, st);
+    else
+      adamw_split_launch(hp, rp, cuda::f32(grad, op, "grad"), mp, vp, n, s, st);
+  };
+  if (m.dtype == DType::BF16)
+    with_grad(cuda::bf16p(m, op, "m"), cuda::bf16p(v, op, "v"));
+  else
+    with_grad(cuda::f32(m, op, "m"), cuda::f32(v, op, "v"));
+}
 
 void CudaOps::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                          const AdamWStep& s) {

@@ -139,6 +139,8 @@ class CudaOps : public Ops {
                   const AdamWStep& s) override;
   void adamw_step_to(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWStep& s,
                      const Tensor& working) override;
+  void adamw_step_split(const Tensor& hi, const Tensor& rem, const Tensor& grad, const Tensor& m, const Tensor& v,
+                        const AdamWStep& s) override;
 
  protected:  // CudaF32Ops (kernels/fp32) reuses the stream, scratch, LM-head chunk and argument checks
   // lm_head_loss's shape checks (ops.hpp's contract), for either activation dtype.

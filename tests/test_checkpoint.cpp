@@ -3,6 +3,7 @@
 // moments) loads bit for bit into every other layout. Ranks are threads sharing an in-memory CkptComm.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +14,7 @@
 
 #include "ckpt/ckpt_internal.hpp"
 #include "mxtrain/backend.hpp"
+#include "mxtrain/bf16.hpp"
 #include "mxtrain/checkpoint.hpp"
 #include "mxtrain/data.hpp"
 #include "mxtrain/ops.hpp"
@@ -358,6 +360,88 @@ TEST(CheckpointReshard, EveryLayoutLoadsEveryOtherBitForBit) {
       }
     }
   }
+}
+
+// Masters held split (optimizer_store_param_remainders: a bf16 working copy + an I16 remainder per element, on one
+// rank): a checkpoint saved from whole fp32 masters loads into split ones that join back to the same bits, and
+// saving from the split ones writes those bits again (the file holds fp32 either way).
+TEST(CheckpointReshard, SplitMastersSaveAndLoadTheFp32Bits) {
+  auto ops = make_cpu_ops();
+  const ModelConfig m = tiny_model();
+  const GlobalState g = random_global(m, 23);
+  const fs::path root = fresh_dir("split_master");
+  const std::string dir = save_from(g, 1, 1, root.string(), 5, *ops);
+  TrainConfig c = ckpt_config(root.string());
+  Rank r(m, c.dataset, 0, 1, 1);
+  std::vector<uint16_t> hi[2];
+  std::vector<int16_t> rem[2];
+  FlatParams* roles[2] = {&r.dense, &r.expert};
+  for (int k = 0; k < 2; ++k) {
+    const int64_t n = static_cast<int64_t>((k ? r.ebuf : r.dbuf)[0].size());
+    hi[k].assign(static_cast<size_t>(n), 0x7777);
+    rem[k].assign(static_cast<size_t>(n), 0x1234);
+    roles[k]->master = Tensor();
+    roles[k]->working = Tensor(hi[k].data(), DType::BF16, {n});
+    roles[k]->rem = Tensor(rem[k].data(), DType::I16, {n});
+    ASSERT_TRUE(roles[k]->split());
+  }
+  load_checkpoint(dir, c, r.state(*ops));
+  std::vector<float> d[3], e[3];
+  r.expected(g, d, e);
+  for (int k = 0; k < 2; ++k) {
+    const std::vector<float>& want = k ? e[0] : d[0];
+    int64_t differ = 0, not_nearest = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float got = join_master(hi[k][i], rem[k][i]);
+      differ += std::memcmp(&got, &want[i], 4) != 0;
+      uint32_t u;
+      std::memcpy(&u, &want[i], 4);
+      if ((u & 0xffffu) != 0x8000u) not_nearest += bf16_bits_to_f32(hi[k][i]) != round_to_bf16(want[i]);
+    }
+    EXPECT_EQ(differ, 0) << (k ? "expert" : "dense");
+    EXPECT_EQ(not_nearest, 0) << "the working copy is the nearest bf16 but on exact ties";
+  }
+  const fs::path root2 = fresh_dir("split_master_resave");
+  TrainConfig c2 = ckpt_config(root2.string());
+  r.step = 6;
+  {
+    Hub hub(1);
+    ThreadComm comm(hub, 0);
+    save_checkpoint(c2, r.state(*ops), comm);
+  }
+  Rank back(m, c2.dataset, 0, 1, 1);
+  load_checkpoint(root2.string() + "/step_6", c2, back.state(*ops));
+  EXPECT_EQ(0, std::memcmp(back.dbuf[0].data(), d[0].data(), d[0].size() * 4));
+  EXPECT_EQ(0, std::memcmp(back.ebuf[0].data(), e[0].data(), e[0].size() * 4));
+}
+
+// split_master / join_master: every fp32 bit pattern class comes back exactly (normals, subnormals, zeros of both
+// signs, the largest finite, infinities), the upper half is the nearest bf16 but on an exact tie, where it rounds
+// away from zero, and the remainder is the lower half.
+TEST(SplitMaster, JoinsBackEveryBitAndRoundsTiesAway) {
+  std::mt19937 rng(5);
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0xff7fffffu,
+                                0x7f800000u, 0xff800000u, 0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f807fffu};
+  for (int i = 0; i < 100000; ++i) bits.push_back(rng());
+  int64_t ties = 0;
+  for (const uint32_t u : bits) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    if (std::isnan(f)) continue;
+    uint16_t hi;
+    int16_t rem;
+    split_master(f, hi, rem);
+    const float back = join_master(hi, rem);
+    ASSERT_EQ(0, std::memcmp(&back, &f, 4)) << std::hex << u;
+    ASSERT_EQ(static_cast<uint16_t>(rem), u & 0xffffu);
+    if ((u & 0xffffu) == 0x8000u) {
+      ++ties;
+      EXPECT_EQ(hi, static_cast<uint16_t>((u >> 16) + 1)) << std::hex << u;
+    } else if (!std::isinf(f) && std::fabs(f) < 3.38e38f) {
+      EXPECT_EQ(hi, f32_to_bf16_bits(f)) << std::hex << u;
+    }
+  }
+  EXPECT_GE(ties, 3);
 }
 
 TEST(CheckpointReshard, ManifestRecordsLayoutAndExpertsByGlobalIndex) {

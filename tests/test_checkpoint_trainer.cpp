@@ -115,6 +115,26 @@ void expect_resume_exact(const std::string& name, int64_t n, const std::string& 
 
 TEST(CheckpointTrainer, ResumeIsBitExact) { expect_resume_exact("exact", 12); }
 
+// optimizer_store_param_remainders: the memory plan holds an unsharded master in 2 bytes (its remainder; the
+// working copy is its upper half) instead of 4, and a backend that computes in fp32 (the CPU) is a config error
+// naming the key. The split masters' training and resume run on the GPU (CudaMasterRemainders).
+TEST(CheckpointTrainer, SplitMastersHalveTheMasterBytesAndNeedTheCudaBackend) {
+  TrainConfig whole = tiny("split_plan"), split = whole;
+  split.optimizer_store_param_remainders = true;
+  const MemoryPlan pw = plan_memory(whole, DType::BF16), ps = plan_memory(split, DType::BF16);
+  EXPECT_EQ(pw.param_bytes - ps.param_bytes, static_cast<size_t>(pw.dense_params + pw.expert_params) * 2);
+  EXPECT_EQ(plan_memory(whole, DType::F32).param_bytes, plan_memory(split, DType::F32).param_bytes);
+  auto ops = make_cpu_ops();
+  try {
+    Trainer t(split, *ops, short_corpus());
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer_store_param_remainders=true needs the CUDA bf16 backend"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // adamw_moments_dtype=bfloat16: the checkpoint stores the moments in fp32, which holds their bf16 values exactly, so
 // the resume is bit-exact too.
 TEST(CheckpointTrainer, Bf16MomentsResumeBitExact) { expect_resume_exact("bf16_moments", 8, "bfloat16"); }

@@ -385,6 +385,12 @@ TEST(ConfigChecks, BadValuesNameKeyAndValue) {
        "fp32); got 2"},
       {{"expert_grad_dtype=bfloat16", "parallelism.ep_rebalance_interval=5"},
        "expert_grad_dtype=bfloat16 needs parallelism.ep_rebalance_interval=0"},
+      {{"optimizer_store_param_remainders=true", "backend=cpu"},
+       "optimizer_store_param_remainders=true needs the CUDA bf16 backend (backend=cuda or auto on a GPU), got "
+       "backend=cpu"},
+      {{"optimizer_store_param_remainders=true", "parallelism.ep_rebalance_interval=5"},
+       "optimizer_store_param_remainders=true needs parallelism.ep_rebalance_interval=0 (expert moves carry the fp32 "
+       "master); got 5"},
       {{"backend=cuda-fp32", "fp8_config.enabled=true"},
        "fp8_config.enabled=true needs backend=cuda (or cpu): backend=cuda-fp32 has no MXFP8 path"},
       {{"output_dir=''"}, "output_dir must not be empty"},

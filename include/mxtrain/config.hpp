@@ -140,6 +140,7 @@ struct TrainConfig {
   bool recompute_experts = false;    // the backward recomputes h13 and the SwiGLU output instead of keeping them
   int64_t expert_wgrad_micro_batches = 1;  // bf16 experts: micro-batches per expert weight-gradient grouped GEMM
   std::string expert_grad_dtype = "float32";  // float32 | bfloat16: the expert weight gradients as stored
+  bool optimizer_store_param_remainders = false;  // the fp32 master as the bf16 working copy + a 16-bit remainder
   int64_t lm_head_wgrad_micro_batches = 1;  // micro-batches per LM-head weight-gradient GEMM (their logits' grads held)
   int64_t lm_head_chunk_tokens = 4096;  // tokens whose LM-head logits exist at once
   bool cuda_graphs = true;           // replay each micro-batch's forward + backward as a captured graph (1 GPU)

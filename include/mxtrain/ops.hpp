@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -286,6 +287,14 @@ class Ops {
                              const AdamWStep& s, const Tensor& working) {
     adamw_step(param, grad, m, v, s);
     if (working.numel() > 0) copy(param.rows(0, working.numel()), working);
+  }
+  // The same step on a master held split (optimizer_store_param_remainders): hi [n] BF16 and rem [n] I16 join
+  // into the fp32 param (join_master), which is updated and split back into both. Backends without it refuse.
+  virtual void adamw_step_split(const Tensor& hi, const Tensor& rem, const Tensor& grad, const Tensor& m,
+                                const Tensor& v, const AdamWStep& s) {
+    (void)hi, (void)rem, (void)grad, (void)m, (void)v, (void)s;
+    throw std::invalid_argument("adamw_step_split: this backend keeps the fp32 master whole "
+                                "(optimizer_store_param_remainders needs the CUDA bf16 backend)");
   }
 };
 

@@ -39,9 +39,12 @@ double model_flops_per_token(const ModelConfig& m, int64_t seq);
 // in the backend's activation dtype (on the CPU backend the working copy is the master itself).
 // ZeRO-1 (Trainer, multi-rank): master and grad are padded to a multiple of the replica count, and
 // adam_m / adam_v hold only elements [shard_offset, shard_offset + adam_m.numel()) of them.
+// optimizer_store_param_remainders: master stays empty and the fp32 master is working (bf16) + rem (I16), as
+// split_master (mxtrain/bf16.hpp) splits it.
 struct FlatParams {
-  Tensor master, grad, adam_m, adam_v, working;
+  Tensor master, grad, adam_m, adam_v, working, rem;
   int64_t shard_offset = 0;
+  bool split() const { return rem.data != nullptr; }
 };
 
 // Typed views of one set of flat buffers (the weights, or their gradients).

@@ -9,7 +9,7 @@
 
 namespace mxt {
 
-enum class DType : uint8_t { F32, BF16, I32, U8 };
+enum class DType : uint8_t { F32, BF16, I32, U8, I16 };
 enum class Device : uint8_t { CPU, CUDA };
 
 inline size_t dtype_size(DType t) {
@@ -18,6 +18,7 @@ inline size_t dtype_size(DType t) {
     case DType::BF16: return 2;
     case DType::I32: return 4;
     case DType::U8: return 1;
+    case DType::I16: return 2;
   }
   return 0;
 }

@@ -44,6 +44,8 @@ struct Piece {
   char* base = nullptr;
   int64_t offset = 0, count = 0;  // elements
   DType dtype = DType::F32;
+  char* rem = nullptr;  // a master held split (optimizer_store_param_remainders): base its bf16 upper halves, rem the
+                        // I16 remainders at the same offsets; the file holds the joined fp32 values
 };
 // Elements [from, from + n) of a piece to or from host F32: BF16 widened (exact) or narrowed to nearest even.
 void download_f32(Ops& ops, const Piece& pc, int64_t from, int64_t n, float* dst);
@@ -65,7 +67,7 @@ int64_t expert_block_numel(const ParamLayout& layout);
 // Elements [u, v) of a role's local flat expert buffer, as runs of global experts' blocks; buffer index =
 // flat index - shift (the moments of a ZeRO-1 rank start at their shard's offset).
 std::vector<Segment> expert_segments(const ParamLayout& layout, int role, char* buf, int64_t shift, int64_t u,
-                                     int64_t v, DType dtype = DType::F32);
+                                     int64_t v, DType dtype = DType::F32, char* rem = nullptr);
 // The flat range [begin, end) of each role's elements this rank writes: its moment shard under ZeRO-1, else
 // dense split over all ranks and experts over their replicas.
 struct WritePlan {

@@ -8,15 +8,21 @@
 #include <algorithm>
 #include <cstring>
 #include <tuple>
+#include <vector>
 
 #include "ckpt/ckpt_internal.hpp"
+#include "mxtrain/bf16.hpp"
 #include "mxtrain/ops.hpp"
 #include "mxtrain/params.hpp"
 
 namespace mxt::ckpt {
 namespace {
 
-Tensor* role_buffer(FlatParams& f, int role) { return role == 0 ? &f.master : role == 1 ? &f.adam_m : &f.adam_v; }
+// A role's buffer; a split master's is its working copy (the upper halves), with rem_buffer the remainders.
+Tensor* role_buffer(FlatParams& f, int role) {
+  return role == 0 ? (f.split() ? &f.working : &f.master) : role == 1 ? &f.adam_m : &f.adam_v;
+}
+char* rem_buffer(FlatParams& f, int role) { return role == 0 ? static_cast<char*>(f.rem.data) : nullptr; }
 
 // Flat range [begin, end) of a role's buffer that this rank holds: moments as sharded, masters whole unless
 // sharded too (master_too).
@@ -30,11 +36,21 @@ int64_t shift_of(const TrainState::Moments& m, int role) { return whole(m, role)
 }  // namespace
 
 void download_f32(Ops& ops, const Piece& pc, int64_t from, int64_t n, float* dst) {
-  mxt::download_f32(ops, Tensor(pc.base, pc.dtype, {pc.offset + pc.count}), pc.offset + from, n, dst);
+  if (!pc.rem) return mxt::download_f32(ops, Tensor(pc.base, pc.dtype, {pc.offset + pc.count}), pc.offset + from, n, dst);
+  std::vector<uint16_t> hi(static_cast<size_t>(n));
+  std::vector<int16_t> rem(static_cast<size_t>(n));
+  ops.download(hi.data(), pc.base + (pc.offset + from) * 2, static_cast<size_t>(n) * 2);
+  ops.download(rem.data(), pc.rem + (pc.offset + from) * 2, static_cast<size_t>(n) * 2);
+  for (int64_t i = 0; i < n; ++i) dst[i] = join_master(hi[static_cast<size_t>(i)], rem[static_cast<size_t>(i)]);
 }
 
 void upload_f32(Ops& ops, const Piece& pc, int64_t from, int64_t n, const float* src) {
-  mxt::upload_f32(ops, Tensor(pc.base, pc.dtype, {pc.offset + pc.count}), pc.offset + from, n, src);
+  if (!pc.rem) return mxt::upload_f32(ops, Tensor(pc.base, pc.dtype, {pc.offset + pc.count}), pc.offset + from, n, src);
+  std::vector<uint16_t> hi(static_cast<size_t>(n));
+  std::vector<int16_t> rem(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) split_master(src[i], hi[static_cast<size_t>(i)], rem[static_cast<size_t>(i)]);
+  ops.upload(pc.base + (pc.offset + from) * 2, hi.data(), static_cast<size_t>(n) * 2);
+  ops.upload(pc.rem + (pc.offset + from) * 2, rem.data(), static_cast<size_t>(n) * 2);
 }
 
 const char* role_name(int role) {
@@ -51,7 +67,7 @@ int64_t expert_block_numel(const ParamLayout& layout) {
 }
 
 std::vector<Segment> expert_segments(const ParamLayout& layout, int role, char* buf, int64_t shift, int64_t u,
-                                     int64_t v, DType dtype) {
+                                     int64_t v, DType dtype, char* rem) {
   const int64_t n = layout.num_local_experts, block = expert_block_numel(layout);
   std::vector<Segment> by_expert(static_cast<size_t>(n));
   int64_t in_block = 0;  // offset of this tensor's slice inside an expert's block
@@ -70,7 +86,7 @@ std::vector<Segment> expert_segments(const ParamLayout& layout, int role, char* 
                               " is not contiguous over the flat range [" + std::to_string(u) + ", " +
                               std::to_string(v) + ")");
       }
-      s.pieces.push_back({buf, lo - shift, hi - lo, dtype});
+      s.pieces.push_back({buf, lo - shift, hi - lo, dtype, rem});
       s.end = b + (hi - lo);
     }
     in_block += per;
@@ -117,7 +133,7 @@ std::vector<Segment> write_segments(const TrainState& s, const WritePlan& w) {
     seg.whole = seg.begin == 0 && seg.end == s.layout.dense_numel;
     const Tensor& t = *role_buffer(s.dense, role);
     seg.pieces.push_back({static_cast<char*>(t.data), w.dense_begin - shift_of(s.dense_moments, role), seg.numel(),
-                          t.dtype});
+                          t.dtype, rem_buffer(s.dense, role)});
     segs.push_back(std::move(seg));
   }
   for (int role = 0; role < 3; ++role) {
@@ -125,11 +141,13 @@ std::vector<Segment> write_segments(const TrainState& s, const WritePlan& w) {
     char* buf = static_cast<char*>(t.data);
     const int64_t shift = shift_of(s.expert_moments, role);
     if (w.expert_flat) {
-      for (Segment& seg : expert_segments(s.layout, role, buf, shift, w.expert_begin, w.expert_end, t.dtype))
+      for (Segment& seg :
+           expert_segments(s.layout, role, buf, shift, w.expert_begin, w.expert_end, t.dtype, rem_buffer(s.expert, role)))
         segs.push_back(std::move(seg));
       continue;
     }
-    for (Segment& seg : expert_segments(s.layout, role, buf, shift, 0, s.layout.expert_numel, t.dtype)) {
+    for (Segment& seg :
+         expert_segments(s.layout, role, buf, shift, 0, s.layout.expert_numel, t.dtype, rem_buffer(s.expert, role))) {
       const int64_t j = std::stoll(seg.key.substr(7)) - s.layout.first_expert;  // "expert.<g>.<role>"
       if (j >= w.expert_begin && j < w.expert_end) segs.push_back(std::move(seg));
     }
@@ -147,14 +165,15 @@ std::vector<Segment> read_segments(const TrainState& s) {
     seg.begin = b;
     seg.end = e;
     const Tensor& t = *role_buffer(s.dense, role);
-    seg.pieces.push_back({static_cast<char*>(t.data), b - shift_of(s.dense_moments, role), e - b, t.dtype});
+    seg.pieces.push_back({static_cast<char*>(t.data), b - shift_of(s.dense_moments, role), e - b, t.dtype,
+                          rem_buffer(s.dense, role)});
     segs.push_back(std::move(seg));
   }
   for (int role = 0; role < 3; ++role) {
     const auto [u, v] = held(s.expert_moments, role, s.layout.expert_numel);
     const Tensor& t = *role_buffer(s.expert, role);
     for (Segment& seg : expert_segments(s.layout, role, static_cast<char*>(t.data), shift_of(s.expert_moments, role),
-                                        u, v, t.dtype))
+                                        u, v, t.dtype, rem_buffer(s.expert, role)))
       segs.push_back(std::move(seg));
   }
   return segs;

@@ -245,6 +245,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.model.router_force_load_balancing = r.b("router_force_load_balancing");
   c.expert_wgrad_micro_batches = r.i("expert_wgrad_micro_batches");
   c.expert_grad_dtype = r.s("expert_grad_dtype");
+  c.optimizer_store_param_remainders = r.b("optimizer_store_param_remainders");
   c.lm_head_wgrad_micro_batches = r.i("lm_head_wgrad_micro_batches");
   c.lm_head_chunk_tokens = r.i("lm_head_chunk_tokens");
   c.cuda_graphs = r.b("cuda_graphs");
@@ -326,6 +327,14 @@ void check_rest(TrainConfig& c) {
   require_one_of(c.adamw_moments_dtype, {"float32", "bfloat16"}, "adamw_moments_dtype");
   require_one_of(c.expert_grad_dtype, {"float32", "bfloat16"}, "expert_grad_dtype");
   if (c.expert_grad_dtype == "bfloat16") check_bf16_expert_grads(c);
+  if (c.optimizer_store_param_remainders) {
+    const std::string why = "optimizer_store_param_remainders=true needs ";
+    require(c.backend != "cpu" && c.backend != "cuda-fp32",
+            why + "the CUDA bf16 backend (backend=cuda or auto on a GPU), got backend=" + c.backend);
+    require(c.parallelism.ep_rebalance_interval == 0 || c.parallelism.ep_size == 1,
+            fmt::format("{}parallelism.ep_rebalance_interval=0 (expert moves carry the fp32 master); got {}", why,
+                        c.parallelism.ep_rebalance_interval));
+  }
   require(!c.output_dir.empty(), "output_dir must not be empty");
   require_positive(c.parallelism.dp_size, "parallelism.dp_size");
   require_positive(c.parallelism.ep_size, "parallelism.ep_size");

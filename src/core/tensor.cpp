@@ -10,6 +10,7 @@ const char* dtype_name(DType t) {
     case DType::BF16: return "bf16";
     case DType::I32: return "i32";
     case DType::U8: return "u8";
+    case DType::I16: return "i16";
   }
   return "unknown";
 }

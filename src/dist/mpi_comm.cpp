@@ -19,8 +19,9 @@ CommType comm_type(DType t) {
     case DType::BF16: return CommType::BF16;
     case DType::I32: return CommType::I32;
     case DType::U8: return CommType::U8;
+    case DType::I16: break;  // (master remainders never travel)
   }
-  throw std::invalid_argument("comm_type: unknown dtype");
+  throw std::invalid_argument(std::string("comm_type: no comm type for ") + dtype_name(t));
 }
 
 size_t comm_type_size(CommType t) {

@@ -12,6 +12,7 @@
 
 #include "cpu/cpu_ops.hpp"
 #include "mxtrain/attention_ds.hpp"
+#include "mxtrain/bf16.hpp"
 #include "mxtrain/wgrad_tails.hpp"
 #include "mxtrain/checkpoint.hpp"
 #include "mxtrain/cpus.hpp"
@@ -74,9 +75,11 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   const int64_t T = cfg.dataset.micro_batch_size * cfg.dataset.max_seq_length;
   const DType F = DType::F32;
   const DType moments = moments_dtype(cfg);
-  if (expert_grad_dtype(cfg) == DType::BF16 && ops.act_dtype() != DType::BF16)
-    throw ConfigError(std::string("expert_grad_dtype=bfloat16 needs the CUDA bf16 backend; this run's backend "
-                                  "computes in ") + dtype_name(ops.act_dtype()) + " (backend=" + cfg.backend + ")");
+  for (const auto& [on, key] : {std::pair{expert_grad_dtype(cfg) == DType::BF16, "expert_grad_dtype=bfloat16"},
+                                {cfg.optimizer_store_param_remainders, "optimizer_store_param_remainders=true"}})
+    if (on && ops.act_dtype() != DType::BF16)
+      throw ConfigError(std::string(key) + " needs the CUDA bf16 backend; this run's backend computes in " +
+                        dtype_name(ops.act_dtype()) + " (backend=" + cfg.backend + ")");
   ops_.set_lm_head_chunk_tokens(cfg.lm_head_chunk_tokens);
   dense_shard_ = make_param_shard(groups_->world.get(), layout_.dense_numel);
   expert_shard_ = make_param_shard(groups_->dp.get(), layout_.expert_numel);
@@ -87,7 +90,13 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
     const ParamShard& sh = fp == &dense_ ? dense_shard_ : expert_shard_;
     const std::string p = fp == &dense_ ? "dense." : "expert.";
     const bool sharded = fp == &dense_ && dense_master_sharded_;
-    state_.add(fp->master, p + "master", F, {sharded ? sh.shard : sh.padded});
+    const bool working = fp == &dense_ ? ops.act_dtype() != F : has_expert_working_copy(cfg.fp8, ops.act_dtype());
+    // A role without replicas keeps its master split into the bf16 working copy and a remainder.
+    const bool split = cfg.optimizer_store_param_remainders && working && sh.comm == nullptr;
+    if (split)
+      state_.add(fp->rem, p + "master_remainder", DType::I16, {sh.numel});
+    else
+      state_.add(fp->master, p + "master", F, {sharded ? sh.shard : sh.padded});
     state_.add(fp->grad, p + "grad", fp == &dense_ ? F : expert_grad_dtype(cfg), {sh.padded});
     state_.add(fp->adam_m, p + "adam_m", moments, {sh.shard});
     state_.add(fp->adam_v, p + "adam_v", moments, {sh.shard});
@@ -96,7 +105,6 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
       state_.add(fp->working, p + "working", ops.act_dtype(), {sh.padded});
       continue;
     }
-    const bool working = fp == &dense_ ? ops.act_dtype() != F : has_expert_working_copy(cfg.fp8, ops.act_dtype());
     if (working) state_.add(fp->working, p + "working", ops.act_dtype(), {sh.numel});
   }
   state_.add(mb_.ids, "batch.ids", DType::I32, {T});
@@ -153,9 +161,9 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
     const int64_t n = std::clamp<int64_t>(layout_.dense_numel - dense_shard_.offset, 0, dense_shard_.shard);
     ops_.upload(dense_.master.data, dense + dense_shard_.offset, static_cast<size_t>(n) * sizeof(float));
   } else {
-    ops_.upload(dense_.master.data, dense, dense_n * sizeof(float));
+    upload_master(dense_, dense, static_cast<int64_t>(dense_n));
   }
-  ops_.upload(expert_.master.data, expert, expert_n * sizeof(float));
+  upload_master(expert_, expert, static_cast<int64_t>(expert_n));
   refresh_working_weights();  // with a sharded dense master: the working copy all-gathered from the shards
   ops_.synchronize();
   const double upload_s = secs(t0);
@@ -273,8 +281,9 @@ TrainState Trainer::ckpt_state() {
 
 void Trainer::refresh_working_weights(bool dense_written, bool expert_written) {
   // (no expert working copy with MXFP8 on bf16, none apart from the master on F32: nothing to copy)
-  auto copy_whole = [&](FlatParams& fp) {
-    if (fp.working.data && fp.working.data != fp.master.data) ops_.copy(fp.master.rows(0, fp.working.numel()), fp.working);
+  auto copy_whole = [&](FlatParams& fp) {  // (a split master's working copy is its own upper half)
+    if (fp.working.data && !fp.split() && fp.working.data != fp.master.data)
+      ops_.copy(fp.master.rows(0, fp.working.numel()), fp.working);
   };
   if (dense_master_sharded_) {  // this rank's updated shard, then everyone's
     if (!dense_written) ops_.copy(dense_.master, dense_.working.rows(dense_shard_.offset, dense_shard_.shard));
@@ -431,13 +440,21 @@ StepResult Trainer::train_step() {
   // Where it can, the step writes the bf16 working copy as it goes (one read of the fp32 master instead of two).
   const Tensor dense_w = fused_working(dense_, dense_shard_, dense_master_sharded_);
   const Tensor expert_w = fused_working(expert_, expert_shard_, false);
-  ops_.adamw_step_to(dense_master_sharded_ ? dense_.master : dense_.master.rows(dense_shard_.offset, dense_shard_.shard),
-                     dense_g, dense_.adam_m, dense_.adam_v, s, dense_w);
-  ops_.adamw_step_to(expert_.master.rows(expert_shard_.offset, expert_shard_.shard), expert_g, expert_.adam_m,
-                     expert_.adam_v, s, expert_w);
-  all_gather_params(expert_shard_, expert_.master);
+  if (dense_.split())
+    ops_.adamw_step_split(dense_.working, dense_.rem, dense_g, dense_.adam_m, dense_.adam_v, s);
+  else
+    ops_.adamw_step_to(dense_master_sharded_ ? dense_.master
+                                             : dense_.master.rows(dense_shard_.offset, dense_shard_.shard),
+                       dense_g, dense_.adam_m, dense_.adam_v, s, dense_w);
+  if (expert_.split()) {
+    ops_.adamw_step_split(expert_.working, expert_.rem, expert_g, expert_.adam_m, expert_.adam_v, s);
+  } else {
+    ops_.adamw_step_to(expert_.master.rows(expert_shard_.offset, expert_shard_.shard), expert_g, expert_.adam_m,
+                       expert_.adam_v, s, expert_w);
+    all_gather_params(expert_shard_, expert_.master);
+  }
   // the dense master's shards reach the other ranks through the working copy
-  refresh_working_weights(dense_w.data != nullptr, expert_w.data != nullptr);
+  refresh_working_weights(dense_w.data != nullptr || dense_.split(), expert_w.data != nullptr || expert_.split());
   ++step_;
   graphs_warm_ = true;
   const int64_t every = cfg_.parallelism.ep_rebalance_interval;
@@ -603,9 +620,39 @@ void Trainer::master_weights(std::vector<float>& dense, std::vector<float>& expe
     ops_.download(dense.data(), full.data, dense.size() * sizeof(float));
     ops_.release(full.data);
   } else {
-    ops_.download(dense.data(), dense_.master.data, dense.size() * sizeof(float));
+    download_master(dense_, dense.data(), layout_.dense_numel);
   }
-  ops_.download(expert.data(), expert_.master.data, expert.size() * sizeof(float));
+  download_master(expert_, expert.data(), layout_.expert_numel);
+}
+
+// A role's fp32 master to or from the host; a split one (optimizer_store_param_remainders) split and joined on the
+// host in chunks (mxtrain/bf16.hpp).
+void Trainer::upload_master(FlatParams& fp, const float* host, int64_t n) {
+  if (!fp.split()) return ops_.upload(fp.master.data, host, static_cast<size_t>(n) * sizeof(float));
+  std::vector<uint16_t> hi;
+  std::vector<int16_t> rem;
+  for (int64_t at = 0; at < n; at += kMasterChunk) {
+    const int64_t k = std::min(kMasterChunk, n - at);
+    hi.resize(static_cast<size_t>(k));
+    rem.resize(static_cast<size_t>(k));
+    for (int64_t i = 0; i < k; ++i) split_master(host[at + i], hi[static_cast<size_t>(i)], rem[static_cast<size_t>(i)]);
+    ops_.upload(static_cast<uint16_t*>(fp.working.data) + at, hi.data(), static_cast<size_t>(k) * 2);
+    ops_.upload(static_cast<int16_t*>(fp.rem.data) + at, rem.data(), static_cast<size_t>(k) * 2);
+  }
+}
+
+void Trainer::download_master(const FlatParams& fp, float* host, int64_t n) {
+  if (!fp.split()) return ops_.download(host, fp.master.data, static_cast<size_t>(n) * sizeof(float));
+  std::vector<uint16_t> hi;
+  std::vector<int16_t> rem;
+  for (int64_t at = 0; at < n; at += kMasterChunk) {
+    const int64_t k = std::min(kMasterChunk, n - at);
+    hi.resize(static_cast<size_t>(k));
+    rem.resize(static_cast<size_t>(k));
+    ops_.download(hi.data(), static_cast<const uint16_t*>(fp.working.data) + at, static_cast<size_t>(k) * 2);
+    ops_.download(rem.data(), static_cast<const int16_t*>(fp.rem.data) + at, static_cast<size_t>(k) * 2);
+    for (int64_t i = 0; i < k; ++i) host[at + i] = join_master(hi[static_cast<size_t>(i)], rem[static_cast<size_t>(i)]);
+  }
 }
 
 void Trainer::export_final_model(const std::string& dir) {
@@ -704,9 +751,11 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
   const size_t dense_working = act_dtype == DType::F32 ? 0 : act;
   const size_t expert_working = has_expert_working_copy(cfg.fp8, act_dtype) ? act : 0;
   const size_t moment = dtype_size(moments_dtype(cfg));
+  // (optimizer_store_param_remainders: a master without replicas is a 2-byte remainder beside its working copy)
   auto bytes = [&](int64_t n, int64_t replicas, size_t working, size_t grad = sizeof(float)) {
     const int64_t shard = (n + replicas - 1) / replicas;
-    return static_cast<size_t>(shard * replicas) * (sizeof(float) + grad) + static_cast<size_t>(shard) * 2 * moment +
+    const size_t master = cfg.optimizer_store_param_remainders && replicas == 1 && working ? 2 : sizeof(float);
+    return static_cast<size_t>(shard * replicas) * (master + grad) + static_cast<size_t>(shard) * 2 * moment +
            static_cast<size_t>(n) * working;
   };
   const int64_t world = cfg.parallelism.dp_size * cfg.parallelism.ep_size;
@@ -778,7 +827,9 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       "  total: {:.2f} GiB\n  largest activation buffers:\n",
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
       act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts,
-      cfg.expert_grad_dtype == "bfloat16" ? " (the experts' in bf16)" : "", working, gib(p.param_bytes),
+      std::string(cfg.expert_grad_dtype == "bfloat16" ? " (the experts' in bf16)" : "") +
+          (cfg.optimizer_store_param_remainders ? " (unsharded masters: working copy + 16-bit remainder)" : ""),
+      working, gib(p.param_bytes),
       cfg.adamw_moments_dtype, world, sharded ? " with its fp32 master" : "", cfg.parallelism.dp_size,
       p.fp8_weight_bytes ? fmt::format("  MXFP8 weight copies ({}{}, {}): {:.2f} GiB\n",
                                        cfg.fp8.bf16_gemms() ? "E4M3 values in bf16, hopper_gemm=bf16: " : "E4M3 ",
