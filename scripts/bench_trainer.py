@@ -20,9 +20,15 @@ at the end (scripts/gpu_samples.py): an H200 training step sits at its 700 W cap
 """
 import argparse, json, os, subprocess, sys, time
 
+# The recipe's own options for the gradient and the master (docs/perf.md, session 58: +1.1% at 8x7B): bf16 expert
+# gradients (its bf16 params' .grad, here rounded once per step) and optimizer_store_param_remainders (the same fp32
+# masters in 2 fewer bytes). --set expert_grad_dtype=float32 --set optimizer_store_param_remainders=false undoes them.
+RECIPE_GRADS = ["expert_grad_dtype=bfloat16", "optimizer_store_param_remainders=true"]
+
 SHAPES = {  # preset: (our config name and overrides, HF shape numbers for the FLOP formula, seq, HF steps)
-    "8x1B": ("bench_8x1B", [], dict(d=2048, f=4096, L=16, H=16, KVH=8, E=8, k=2, V=128256), 4096, 4),
-    "8x7B-2layer": ("bench_8x7B_2layer", [], dict(d=4096, f=14336, L=2, H=32, KVH=8, E=8, k=2, V=128256), 4096, 4),
+    "8x1B": ("bench_8x1B", RECIPE_GRADS, dict(d=2048, f=4096, L=16, H=16, KVH=8, E=8, k=2, V=128256), 4096, 4),
+    "8x7B-2layer": ("bench_8x7B_2layer", RECIPE_GRADS, dict(d=4096, f=14336, L=2, H=32, KVH=8, E=8, k=2, V=128256),
+                    4096, 4),
     # L0_sanity on one GPU with the HF preset's batch (seq 128, micro-batch 1, 8 accumulation steps)
     "L0_sanity": ("L0_sanity", ["parallelism.ep_size=1", "grad_acc_steps=8", "num_train_steps=30",
                                 "lr_scheduler_kwargs.num_decay_steps=20", "logger.frequency=1"],
