@@ -235,6 +235,17 @@ void adamw_launch(float* pp, const TG* gp, TM* mp, TM* vp, int64_t n, const Adam
   }
 }
 
+// The grad and moments of an n-element step, and the step number.
+void check_step_args(const char* op, int64_t n, const Tensor& grad, const Tensor& m, const Tensor& v,
+                     const AdamWStep& s) {
+  cuda::expect_numel(grad, n, op, "grad");
+  cuda::expect_numel(m, n, op, "m");
+  cuda::expect_numel(v, n, op, "v");
+  if (s.step < 1) cuda::fail(op, "step is 1-based, got " + std::to_string(s.step));
+  if (m.dtype != v.dtype)
+    cuda::fail(op, std::string("m and v differ in dtype: ") + dtype_name(m.dtype) + ", " + dtype_name(v.dtype));
+}
+
 // Checks the arguments and picks the moments' dtype (both alike, F32 or BF16).
 template <typename TG, typename TW>
 void adamw_moments(const Tensor& param, const TG* gp, const Tensor& grad, const Tensor& m, const Tensor& v,
@@ -242,12 +253,7 @@ void adamw_moments(const Tensor& param, const TG* gp, const Tensor& grad, const 
   const char* op = "adamw_step";
   const int64_t n = param.numel();
   float* pp = cuda::f32(param, op, "param");
-  cuda::expect_numel(grad, n, op, "grad");
-  cuda::expect_numel(m, n, op, "m");
-  cuda::expect_numel(v, n, op, "v");
-  if (s.step < 1) cuda::fail(op, "step is 1-based, got " + std::to_string(s.step));
-  if (m.dtype != v.dtype)
-    cuda::fail(op, std::string("m and v differ in dtype: ") + dtype_name(m.dtype) + ", " + dtype_name(v.dtype));
+  check_step_args(op, n, grad, m, v, s);
   if (m.dtype == DType::BF16)
     adamw_launch(pp, gp, cuda::bf16p(m, op, "m"), cuda::bf16p(v, op, "v"), n, s, w, wn, stream);
   else
@@ -275,12 +281,7 @@ void CudaOps::adamw_step_split(const Tensor& hi, const Tensor& rem, const Tensor
     cuda::fail(op, std::string("hi and rem must be bf16 and i16, got ") + dtype_name(hi.dtype) + " and " +
                        dtype_name(rem.dtype));
   cuda::expect_numel(rem, n, op, "rem");
-  cuda::expect_numel(grad, n, op, "grad");
-  cuda::expect_numel(m, n, op, "m");
-  cuda::expect_numel(v, n, op, "v");
-  if (s.step < 1) cuda::fail(op, "step is 1-based, got " + std::to_string(s.step));
-  if (m.dtype != v.dtype)
-    cuda::fail(op, std::string("m and v differ in dtype: ") + dtype_name(m.dtype) + ", " + dtype_name(v.dtype));
+  check_step_args(op, n, grad, m, v, s);
   auto* hp = static_cast<uint16_t*>(hi.data);
   auto* rp = static_cast<uint16_t*>(rem.data);
   const cudaStream_t st = ctx_->stream;

@@ -627,32 +627,37 @@ void Trainer::master_weights(std::vector<float>& dense, std::vector<float>& expe
 
 // A role's fp32 master to or from the host; a split one (optimizer_store_param_remainders) split and joined on the
 // host in chunks (mxtrain/bf16.hpp).
-void Trainer::upload_master(FlatParams& fp, const float* host, int64_t n) {
-  if (!fp.split()) return ops_.upload(fp.master.data, host, static_cast<size_t>(n) * sizeof(float));
+namespace {
+// Calls f(at, k, hi, rem) for each chunk [at, at + k) of n elements, with host buffers of k halves.
+template <typename F>
+void for_master_chunks(int64_t n, int64_t chunk, F&& f) {
   std::vector<uint16_t> hi;
   std::vector<int16_t> rem;
-  for (int64_t at = 0; at < n; at += kMasterChunk) {
-    const int64_t k = std::min(kMasterChunk, n - at);
+  for (int64_t at = 0; at < n; at += chunk) {
+    const int64_t k = std::min(chunk, n - at);
     hi.resize(static_cast<size_t>(k));
     rem.resize(static_cast<size_t>(k));
-    for (int64_t i = 0; i < k; ++i) split_master(host[at + i], hi[static_cast<size_t>(i)], rem[static_cast<size_t>(i)]);
-    ops_.upload(static_cast<uint16_t*>(fp.working.data) + at, hi.data(), static_cast<size_t>(k) * 2);
-    ops_.upload(static_cast<int16_t*>(fp.rem.data) + at, rem.data(), static_cast<size_t>(k) * 2);
+    f(at, k, hi.data(), rem.data());
   }
+}
+}  // namespace
+
+void Trainer::upload_master(FlatParams& fp, const float* host, int64_t n) {
+  if (!fp.split()) return ops_.upload(fp.master.data, host, static_cast<size_t>(n) * sizeof(float));
+  for_master_chunks(n, kMasterChunk, [&](int64_t at, int64_t k, uint16_t* hi, int16_t* rem) {
+    for (int64_t i = 0; i < k; ++i) split_master(host[at + i], hi[i], rem[i]);
+    ops_.upload(static_cast<uint16_t*>(fp.working.data) + at, hi, static_cast<size_t>(k) * 2);
+    ops_.upload(static_cast<int16_t*>(fp.rem.data) + at, rem, static_cast<size_t>(k) * 2);
+  });
 }
 
 void Trainer::download_master(const FlatParams& fp, float* host, int64_t n) {
   if (!fp.split()) return ops_.download(host, fp.master.data, static_cast<size_t>(n) * sizeof(float));
-  std::vector<uint16_t> hi;
-  std::vector<int16_t> rem;
-  for (int64_t at = 0; at < n; at += kMasterChunk) {
-    const int64_t k = std::min(kMasterChunk, n - at);
-    hi.resize(static_cast<size_t>(k));
-    rem.resize(static_cast<size_t>(k));
-    ops_.download(hi.data(), static_cast<const uint16_t*>(fp.working.data) + at, static_cast<size_t>(k) * 2);
-    ops_.download(rem.data(), static_cast<const int16_t*>(fp.rem.data) + at, static_cast<size_t>(k) * 2);
-    for (int64_t i = 0; i < k; ++i) host[at + i] = join_master(hi[static_cast<size_t>(i)], rem[static_cast<size_t>(i)]);
-  }
+  for_master_chunks(n, kMasterChunk, [&](int64_t at, int64_t k, uint16_t* hi, int16_t* rem) {
+    ops_.download(hi, static_cast<const uint16_t*>(fp.working.data) + at, static_cast<size_t>(k) * 2);
+    ops_.download(rem, static_cast<const int16_t*>(fp.rem.data) + at, static_cast<size_t>(k) * 2);
+    for (int64_t i = 0; i < k; ++i) host[at + i] = join_master(hi[i], rem[i]);
+  });
 }
 
 void Trainer::export_final_model(const std::string& dir) {

@@ -397,6 +397,24 @@ TEST(CudaExpertWgradGroup, FallbackWithoutTheHopperKernel) {
   }
 }
 
+// Runs f once per kernel variant of a storing call: both tile widths, the three cluster codes, both epilogues.
+template <typename F>
+void for_each_store_variant(const std::string& what, F&& f) {
+  for (int bn : {256, 128}) {
+    for (int cl : {1, 2, 3}) {
+      for (int tma : {1, 0}) {
+        SCOPED_TRACE(what + " BN " + std::to_string(bn) + " cluster " + sm90::cluster_code_name(cl) +
+                     (tma ? " TMA" : " direct"));
+        Guard guard;
+        sm90::set_grouped_tile_n(bn);
+        sm90::use_cluster_code(cl);
+        sm90::set_grouped_wgrad_tma(tma);
+        f();
+      }
+    }
+  }
+}
+
 // With the clipping norm (grouped_gemm_wgrad_sets_norm): dW bit for bit as the storing call writes it, and acc
 // grown by sum(dW^2) (fp32 sums over each warp's 4,096 values, then fp64 over the slots: 1e-5 relative), at both
 // tile widths, 1 CTA and pairs over m- and n-tiles (3 x 3 tiles: the last n-pair's second CTA has no tile), both
@@ -416,31 +434,21 @@ TEST(CudaExpertWgradGroup, NormSumsTheStoredSquares) {
     const int64_t E = 3;
     const auto dw0 = randn(E * c.out * c.in, 300 + c.nsets);
     const DeviceSets dev(*gpu, sets, c.out, c.in);
-    for (int bn : {256, 128}) {
-      for (int cl : {1, 2, 3}) {
-        for (int tma : {1, 0}) {
-          SCOPED_TRACE("out " + std::to_string(c.out) + " in " + std::to_string(c.in) + " sets " +
-                       std::to_string(c.nsets) + " BN " + std::to_string(bn) + " cluster " +
-                       sm90::cluster_code_name(cl) + (tma ? " TMA" : " direct"));
-          Guard guard;
-          sm90::set_grouped_tile_n(bn);
-          sm90::use_cluster_code(cl);
-          sm90::set_grouped_wgrad_tma(tma);
-          const std::vector<float> stored = gpu_sets(*gpu, sets, c.out, c.in, dw0, false);
-          auto DW = upload(*gpu, dw0, DType::F32, {E, c.out, c.in});
-          auto ACC = upload(*gpu, std::vector<float>{0.75f}, DType::F32, {1});
-          sm90::note_grouped_impl("none");
-          gpu->grouped_gemm_wgrad_sets_norm(dev.sets, DW, ACC);
-          EXPECT_STREQ(sm90::last_grouped_impl(), "sm90");
-          const std::vector<float> got = download(*gpu, DW);
-          ASSERT_EQ(got.size(), stored.size());
-          EXPECT_EQ(0, std::memcmp(got.data(), stored.data(), got.size() * sizeof(float)));
-          double ref = 0.75;
-          for (float v : got) ref += static_cast<double>(v) * v;
-          EXPECT_NEAR(download(*gpu, ACC)[0], ref, 1e-5 * ref);
-        }
-      }
-    }
+    for_each_store_variant("out " + std::to_string(c.out) + " in " + std::to_string(c.in) + " sets " +
+                               std::to_string(c.nsets), [&] {
+      const std::vector<float> stored = gpu_sets(*gpu, sets, c.out, c.in, dw0, false);
+      auto DW = upload(*gpu, dw0, DType::F32, {E, c.out, c.in});
+      auto ACC = upload(*gpu, std::vector<float>{0.75f}, DType::F32, {1});
+      sm90::note_grouped_impl("none");
+      gpu->grouped_gemm_wgrad_sets_norm(dev.sets, DW, ACC);
+      EXPECT_STREQ(sm90::last_grouped_impl(), "sm90");
+      const std::vector<float> got = download(*gpu, DW);
+      ASSERT_EQ(got.size(), stored.size());
+      EXPECT_EQ(0, std::memcmp(got.data(), stored.data(), got.size() * sizeof(float)));
+      double ref = 0.75;
+      for (float v : got) ref += static_cast<double>(v) * v;
+      EXPECT_NEAR(download(*gpu, ACC)[0], ref, 1e-5 * ref);
+    });
   }
 }
 
@@ -462,39 +470,29 @@ TEST(CudaExpertWgradGroup, Bf16StoreIsTheRoundedF32Store) {
     const int64_t E = 4;
     const auto dw0 = randn(E * c.out * c.in, 600 + c.nsets);
     const DeviceSets dev(*gpu, sets, c.out, c.in);
-    for (int bn : {256, 128}) {
-      for (int cl : {1, 2, 3}) {
-        for (int tma : {1, 0}) {
-          SCOPED_TRACE("out " + std::to_string(c.out) + " in " + std::to_string(c.in) + " sets " +
-                       std::to_string(c.nsets) + " BN " + std::to_string(bn) + " cluster " +
-                       sm90::cluster_code_name(cl) + (tma ? " TMA" : " direct"));
-          Guard guard;
-          sm90::set_grouped_tile_n(bn);
-          sm90::use_cluster_code(cl);
-          sm90::set_grouped_wgrad_tma(tma);
-          std::vector<float> want = gpu_sets(*gpu, sets, c.out, c.in, dw0, false);
-          round_bf16(want);
-          auto DW = upload(*gpu, dw0, DType::BF16, {E, c.out, c.in});
-          auto ACC = upload(*gpu, std::vector<float>{0.5f}, DType::F32, {1});
-          sm90::note_grouped_impl("none");
-          gpu->grouped_gemm_wgrad_sets_norm(dev.sets, DW, ACC);
-          EXPECT_STREQ(sm90::last_grouped_impl(), "sm90");
-          const std::vector<float> got = download(*gpu, DW);
-          ASSERT_EQ(got.size(), want.size());
-          int64_t differ = 0;
-          for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
-          EXPECT_EQ(differ, 0) << "of " << got.size();
-          for (int64_t i = c.out * c.in; i < 2 * c.out * c.in; ++i) ASSERT_EQ(got[i], 0.f) << "expert 1 has no rows";
-          double ref = 0.5;
-          for (float v : got) ref += static_cast<double>(v) * v;
-          EXPECT_NEAR(download(*gpu, ACC)[0], ref, 1e-5 * ref);
-          // Without the norm, the same bits.
-          auto DW2 = upload(*gpu, dw0, DType::BF16, {E, c.out, c.in});
-          gpu->grouped_gemm_wgrad_sets(dev.sets, DW2, false);
-          EXPECT_EQ(download(*gpu, DW2), got);
-        }
-      }
-    }
+    for_each_store_variant("out " + std::to_string(c.out) + " in " + std::to_string(c.in) + " sets " +
+                               std::to_string(c.nsets), [&] {
+      std::vector<float> want = gpu_sets(*gpu, sets, c.out, c.in, dw0, false);
+      round_bf16(want);
+      auto DW = upload(*gpu, dw0, DType::BF16, {E, c.out, c.in});
+      auto ACC = upload(*gpu, std::vector<float>{0.5f}, DType::F32, {1});
+      sm90::note_grouped_impl("none");
+      gpu->grouped_gemm_wgrad_sets_norm(dev.sets, DW, ACC);
+      EXPECT_STREQ(sm90::last_grouped_impl(), "sm90");
+      const std::vector<float> got = download(*gpu, DW);
+      ASSERT_EQ(got.size(), want.size());
+      int64_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+      EXPECT_EQ(differ, 0) << "of " << got.size();
+      for (int64_t i = c.out * c.in; i < 2 * c.out * c.in; ++i) ASSERT_EQ(got[i], 0.f) << "expert 1 has no rows";
+      double ref = 0.5;
+      for (float v : got) ref += static_cast<double>(v) * v;
+      EXPECT_NEAR(download(*gpu, ACC)[0], ref, 1e-5 * ref);
+      // Without the norm, the same bits.
+      auto DW2 = upload(*gpu, dw0, DType::BF16, {E, c.out, c.in});
+      gpu->grouped_gemm_wgrad_sets(dev.sets, DW2, false);
+      EXPECT_EQ(download(*gpu, DW2), got);
+    });
   }
 }
 
