@@ -96,7 +96,6 @@ class Trainer {
   // A role's whole fp32 master (n elements) from or to the host, split or joined where it is held split.
   void upload_master(FlatParams& fp, const float* host, int64_t n);
   void download_master(const FlatParams& fp, float* host, int64_t n);
-  static constexpr int64_t kMasterChunk = int64_t{1} << 24;  // elements split or joined per host buffer
   // The part of fp's working copy that this rank's AdamW step writes as it updates the master (empty: none).
   Tensor fused_working(const FlatParams& fp, const ParamShard& shard, bool sharded_master) const;
   void stop_early(int sig, int stop_ranks);  // a rank caught a stop signal: save, then run() returns

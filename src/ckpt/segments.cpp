@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "ckpt/ckpt_internal.hpp"
-#include "mxtrain/bf16.hpp"
+#include "mxtrain/master_transfer.hpp"
 #include "mxtrain/ops.hpp"
 #include "mxtrain/params.hpp"
 
@@ -36,21 +36,13 @@ int64_t shift_of(const TrainState::Moments& m, int role) { return whole(m, role)
 }  // namespace
 
 void download_f32(Ops& ops, const Piece& pc, int64_t from, int64_t n, float* dst) {
-  if (!pc.rem) return mxt::download_f32(ops, Tensor(pc.base, pc.dtype, {pc.offset + pc.count}), pc.offset + from, n, dst);
-  std::vector<uint16_t> hi(static_cast<size_t>(n));
-  std::vector<int16_t> rem(static_cast<size_t>(n));
-  ops.download(hi.data(), pc.base + (pc.offset + from) * 2, static_cast<size_t>(n) * 2);
-  ops.download(rem.data(), pc.rem + (pc.offset + from) * 2, static_cast<size_t>(n) * 2);
-  for (int64_t i = 0; i < n; ++i) dst[i] = join_master(hi[static_cast<size_t>(i)], rem[static_cast<size_t>(i)]);
+  if (pc.rem) return download_joined(ops, pc.base, pc.rem, pc.offset + from, n, dst);
+  mxt::download_f32(ops, Tensor(pc.base, pc.dtype, {pc.offset + pc.count}), pc.offset + from, n, dst);
 }
 
 void upload_f32(Ops& ops, const Piece& pc, int64_t from, int64_t n, const float* src) {
-  if (!pc.rem) return mxt::upload_f32(ops, Tensor(pc.base, pc.dtype, {pc.offset + pc.count}), pc.offset + from, n, src);
-  std::vector<uint16_t> hi(static_cast<size_t>(n));
-  std::vector<int16_t> rem(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) split_master(src[i], hi[static_cast<size_t>(i)], rem[static_cast<size_t>(i)]);
-  ops.upload(pc.base + (pc.offset + from) * 2, hi.data(), static_cast<size_t>(n) * 2);
-  ops.upload(pc.rem + (pc.offset + from) * 2, rem.data(), static_cast<size_t>(n) * 2);
+  if (pc.rem) return upload_split(ops, pc.base, pc.rem, pc.offset + from, n, src);
+  mxt::upload_f32(ops, Tensor(pc.base, pc.dtype, {pc.offset + pc.count}), pc.offset + from, n, src);
 }
 
 const char* role_name(int role) {

@@ -12,11 +12,11 @@
 
 #include "cpu/cpu_ops.hpp"
 #include "mxtrain/attention_ds.hpp"
-#include "mxtrain/bf16.hpp"
 #include "mxtrain/wgrad_tails.hpp"
 #include "mxtrain/checkpoint.hpp"
 #include "mxtrain/cpus.hpp"
 #include "mxtrain/init_cache.hpp"
+#include "mxtrain/master_transfer.hpp"
 #include "mxtrain/lr_schedule.hpp"
 #include "mxtrain/metrics.hpp"
 #include "mxtrain/safetensors.hpp"
@@ -625,39 +625,16 @@ void Trainer::master_weights(std::vector<float>& dense, std::vector<float>& expe
   download_master(expert_, expert.data(), layout_.expert_numel);
 }
 
-// A role's fp32 master to or from the host; a split one (optimizer_store_param_remainders) split and joined on the
-// host in chunks (mxtrain/bf16.hpp).
-namespace {
-// Calls f(at, k, hi, rem) for each chunk [at, at + k) of n elements, with host buffers of k halves.
-template <typename F>
-void for_master_chunks(int64_t n, int64_t chunk, F&& f) {
-  std::vector<uint16_t> hi;
-  std::vector<int16_t> rem;
-  for (int64_t at = 0; at < n; at += chunk) {
-    const int64_t k = std::min(chunk, n - at);
-    hi.resize(static_cast<size_t>(k));
-    rem.resize(static_cast<size_t>(k));
-    f(at, k, hi.data(), rem.data());
-  }
-}
-}  // namespace
-
+// A role's fp32 master to or from the host; a split one (optimizer_store_param_remainders) through
+// mxtrain/master_transfer.hpp.
 void Trainer::upload_master(FlatParams& fp, const float* host, int64_t n) {
   if (!fp.split()) return ops_.upload(fp.master.data, host, static_cast<size_t>(n) * sizeof(float));
-  for_master_chunks(n, kMasterChunk, [&](int64_t at, int64_t k, uint16_t* hi, int16_t* rem) {
-    for (int64_t i = 0; i < k; ++i) split_master(host[at + i], hi[i], rem[i]);
-    ops_.upload(static_cast<uint16_t*>(fp.working.data) + at, hi, static_cast<size_t>(k) * 2);
-    ops_.upload(static_cast<int16_t*>(fp.rem.data) + at, rem, static_cast<size_t>(k) * 2);
-  });
+  upload_split(ops_, fp.working.data, fp.rem.data, 0, n, host);
 }
 
 void Trainer::download_master(const FlatParams& fp, float* host, int64_t n) {
   if (!fp.split()) return ops_.download(host, fp.master.data, static_cast<size_t>(n) * sizeof(float));
-  for_master_chunks(n, kMasterChunk, [&](int64_t at, int64_t k, uint16_t* hi, int16_t* rem) {
-    ops_.download(hi, static_cast<const uint16_t*>(fp.working.data) + at, static_cast<size_t>(k) * 2);
-    ops_.download(rem, static_cast<const int16_t*>(fp.rem.data) + at, static_cast<size_t>(k) * 2);
-    for (int64_t i = 0; i < k; ++i) host[at + i] = join_master(hi[i], rem[i]);
-  });
+  download_joined(ops_, fp.working.data, fp.rem.data, 0, n, host);
 }
 
 void Trainer::export_final_model(const std::string& dir) {
