@@ -1242,13 +1242,16 @@ int env_int(const char* name, int fallback, int lo, int hi) {
 }
 
 // Wgrad raster: the fast index (n-tiles at W13's shape, m-tiles at W2's) walks groups of this many units
-// (wgrad_unit), env MXTRAIN_GG_WGRAD_GROUP=g (unset or 0: one group, the plain raster). Session 31: groups of 4 or 8
-// made the 8x7B step 0.1-0.3% faster (within noise); the trainer-shape bench disagreed with itself between calls.
-int wgrad_group() {
+// (wgrad_unit), env MXTRAIN_GG_WGRAD_GROUP=g (0: one group, the plain raster). Unset: groups of 8 for calls over
+// several row sets (the trainer's expert_wgrad_micro_batches call), else the plain raster. Session 31 (fp32 dW):
+// groups of 4 or 8 made the 8x7B step 0.1-0.3% faster, within noise. Session 59, with the bf16 dW: groups of 8
+// +0.31% at 8x7B over four alternating rounds (each round at or above the plain raster), +0.13% at 8x1B over three;
+// the single call storing bf16 ran the same either way. The sums are the same bit for bit.
+int wgrad_group(int nsets) {
   const int o = g_wgrad_group.load();
   if (o >= 0) return o;
-  static const int v = env_int("MXTRAIN_GG_WGRAD_GROUP", 0, 0, 4096);
-  return v;
+  static const int v = env_int("MXTRAIN_GG_WGRAD_GROUP", -1, 0, 4096);
+  return v >= 0 ? v : nsets >= 2 ? 8 : 0;
 }
 
 // Forward / dgrad: the last round's units split along K into at most this many parts (tail_split; env
@@ -1724,7 +1727,7 @@ bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t ou
     p.n_units = static_cast<int32_t>(n_units);
     p.m_tiles = static_cast<int32_t>(m_tiles);
     p.m_fast = M <= N ? 1 : 0;
-    p.group = wgrad_group();
+    p.group = wgrad_group(ngiven);
     if (l2_hints(2) && p.group > 0) {  // the grouped operand: dy's m-tiles when m is fastest, else x's n-tiles
       p.hint_a = p.m_fast ? kL2EvictLast : kL2EvictFirst;
       p.hint_b = p.m_fast ? kL2EvictFirst : kL2EvictLast;

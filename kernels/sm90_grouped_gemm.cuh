@@ -46,7 +46,8 @@ void set_grouped_wgrad_tail(int mode);
 // choice.
 void set_grouped_wgrad_pair(int mode);
 // Weight-gradient raster: the fast index walks groups of `units` (n-tiles or m-tile pairs; 0 = one group, the plain
-// raster; default: env MXTRAIN_GG_WGRAD_GROUP, else 0), -1 restores the env var's choice.
+// raster; default: env MXTRAIN_GG_WGRAD_GROUP, else 8 for a call over several row sets and 0 for one), -1 restores
+// the default.
 void set_grouped_wgrad_group(int units);
 // Weight gradient over several row sets in one launch: 1 = each set's rows of an expert past its last whole 64-row
 // k-block are first copied into one extra set (gather_wgrad_tails, wgrad_tails.hpp), so each expert ends in one

@@ -466,7 +466,7 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       // The trainer's call itself (bench_8x7B_2layer: the step's one weight gradient per weight stores dW), in the
       // default arrangement, without and with the clipping norm's sums of squares in its epilogue.
       mxt::sm90::use_cluster_code(3);
-      mxt::sm90::set_grouped_wgrad_group(0);
+      mxt::sm90::set_grouped_wgrad_group(-1);  // the default's raster: groups of 8 over several row sets
       mxt::sm90::set_grouped_l2_hints(0);
       mxt::sm90::set_grouped_wgrad_tail(-1);
       Buf norm_acc(ops, DType::F32, {1});

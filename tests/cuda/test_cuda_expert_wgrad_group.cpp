@@ -335,8 +335,10 @@ TEST(CudaExpertWgradGroup, LockstepChangesNoBit) {
 
 // The wgrad raster's groups (set_grouped_wgrad_group) change only which CTA computes which tile, when: every
 // group size gives the plain raster's sums bit for bit, along n (out > in: n-tiles fastest) and along m. Groups
-// of 1, 2, 3 (a remainder group), and past the fast units' count; 1 CTA and pairs over m- and n-tiles.
+// of 1, 2, 3 (a remainder group), 8, past the fast units' count, and the default's choice; 1 CTA and pairs over m-
+// and n-tiles.
 TEST(CudaExpertWgradGroup, RasterGroupsGiveThePlainRastersSums) {
+  constexpr int kDefaultGroup = -1000;  // the default's choice (groups of 8 over these two row sets)
   MXT_REQUIRE_SM90();
   auto gpu_ops = make_cuda_ops();
   auto cpu_ops = make_cpu_ops();
@@ -348,14 +350,14 @@ TEST(CudaExpertWgradGroup, RasterGroupsGiveThePlainRastersSums) {
     const std::vector<float> ref = cpu_sets(*cpu_ops, host_sets, out, in, dw0, true);
     for (int cl : {1, 2, 3}) {
       std::vector<float> plain;
-      for (int g : {0, 1, 2, 3, 100, -3}) {  // -3: groups of 3 with L2 hints
+      for (int g : {0, 1, 2, 3, 8, 100, -3, kDefaultGroup}) {  // -3: groups of 3 with L2 hints
         SCOPED_TRACE("out " + std::to_string(out) + " in " + std::to_string(in) + " cluster " +
                      sm90::cluster_code_name(cl) + " group " + std::to_string(g));
         Guard guard;
         sm90::set_grouped_tile_n(256);
         sm90::use_cluster_code(cl);
-        sm90::set_grouped_wgrad_group(g < 0 ? -g : g);
-        sm90::set_grouped_l2_hints(g < 0 ? sm90::kL2HintsAll : 0);
+        sm90::set_grouped_wgrad_group(g == kDefaultGroup ? -1 : g < 0 ? -g : g);
+        sm90::set_grouped_l2_hints(g < 0 && g != kDefaultGroup ? sm90::kL2HintsAll : 0);
         const std::vector<float> got = gpu_sets(*gpu_ops, sets, out, in, dw0, true);
         if (g == 0) {
           EXPECT_CLOSE_REL(got, ref, 1e-5);
