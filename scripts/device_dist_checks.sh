@@ -17,6 +17,8 @@
 #             SpeedOfLight and memory throughputs per kernel name; written in session 29, not yet run)
 #   wgncu     ncu --set full on the single-call W13 weight gradient (one CTA, pairs over m, each with and without its
 #             epilogue) beside cuBLASLt's dense GEMM: cycles, tensor pipe, L2 and DRAM traffic (scripts/ncu_table.py)
+#   wgncu16   ncu --set full on the single-call W13 and W2 weight gradients storing a bf16 dW (pairs over m, with and
+#             without the epilogue) beside cuBLASLt's dense GEMM storing bf16, each launch picked by its NVTX range
 #   epiprobe  bench_wgrad_epilogue: the wgrad's fp32 epilogue alone (no mainloop), every way of writing the tile
 #             (TMA add / store with 64x16 or 64x32 boxes, 1-12 in flight; red.global, st.global), with and without a
 #             mainloop-long spin per tile, on all and half the SMs, beside a stand-in for the mainloop's operand
@@ -363,6 +365,32 @@ c2m K2 5
 c2m_noepi K2 5 MXTRAIN_GG_FAULT=noepi
 RUNS
     python3 scripts/ncu_table.py "${tables[@]}" | tee "$OUT/wgncu_table.md"
+    ;;
+  wgncu16)
+    # The single-call weight gradient storing a bf16 dW (the recipe's expert_grad_dtype), W13 and W2, under ncu
+    # --set full: cuBLASLt's dense GEMM storing bf16, our kernel (pairs over m), and ours without its epilogue
+    # (MXTRAIN_GG_FAULT=noepi: wrong sums, timing only). Each launch is picked by its NVTX range in
+    # bench_grouped_gemm's bf16 rotation (session 59: W13 0.90-0.96 of dense, W2 0.89 in four calls of four).
+    tables=()
+    while read -r label range envs; do
+      env $envs CUDA_VISIBLE_DEVICES=0 timeout 200 "$NCU" --clock-control none --set full --import-source no \
+        --nvtx --nvtx-include "$range/" -c 1 --export "$OUT/wgncu16_$label" -f \
+        "$BIN_DIR/bench_grouped_gemm" --no-wmma --shape 8x7B --ops wgrad --runs 1 </dev/null >"$OUT/wgncu16_$label.log" 2>&1
+      add "ncu wgrad bf16 $label" "rc=$?"
+      "$NCU" --import "$OUT/wgncu16_$label.ncu-rep" --page raw --csv </dev/null >"$OUT/wgncu16_${label}_raw.csv"
+      "$NCU" --import "$OUT/wgncu16_$label.ncu-rep" --page source --csv --print-source sass </dev/null \
+        >"$OUT/wgncu16_${label}_sass.csv"
+      rm -f "$OUT/wgncu16_$label.ncu-rep"
+      tables+=("$label=$OUT/wgncu16_${label}_raw.csv")
+    done <<'RUNS'
+W13_dense wgrad_W13_bf16_dense X=1
+W13_c2m wgrad_W13_bf16_c2m X=1
+W13_c2m_noepi wgrad_W13_bf16_c2m MXTRAIN_GG_FAULT=noepi
+W2_dense wgrad_W2_bf16_dense X=1
+W2_c2m wgrad_W2_bf16_c2m X=1
+W2_c2m_noepi wgrad_W2_bf16_c2m MXTRAIN_GG_FAULT=noepi
+RUNS
+    python3 scripts/ncu_table.py "${tables[@]}" | tee "$OUT/wgncu16_table.md"
     ;;
   epiprobe)
     CUDA_VISIBLE_DEVICES=0 timeout 240 "$BIN_DIR/bench_wgrad_epilogue" </dev/null >"$OUT/epiprobe.log" 2>&1

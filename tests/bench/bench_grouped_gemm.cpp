@@ -47,6 +47,7 @@
 #include "cuda_context.cuh"
 #include "cuda_ops.hpp"
 #include "mxtrain/device_info.hpp"
+#include "mxtrain/trace.hpp"
 #include "sm90_cluster_code.hpp"
 #include "sm90_grouped_gemm.cuh"
 
@@ -280,11 +281,19 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       mxt::sm90::set_grouped_wgrad_tma(-1);
       Buf b16(ops, DType::BF16, {E, op.out, op.inn}), dense16(ops, DType::BF16, {op.out, op.inn});
       const std::vector<mxt::Ops::WgradRowSet> one{{*op.in, *op.x2, OFF.t}};
-      auto ours = [&](int code) {
+      // Each call in an NVTX range ("wgrad_W2_bf16_c2m", ...), so ncu --nvtx-include can pick one launch
+      // (device_dist_checks.sh wgncu16).
+      std::string tag = op.name;
+      std::replace(tag.begin(), tag.end(), ' ', '_');
+      auto ours = [&, tag](int code) {
+        mxt::TraceScope range(tag + (code == 3 ? "_bf16_c2m" : "_bf16_c2n"));
         mxt::sm90::use_cluster_code(code);
         ops.grouped_gemm_wgrad_sets(one, b16.t, false);
       };
-      auto dense_b16 = [&] { ops.gemm(true, false, op.out, op.inn, R, 1.f, *op.in, *op.x2, 0.f, dense16.t); };
+      auto dense_b16 = [&, tag] {
+        mxt::TraceScope range(tag + "_bf16_dense");
+        ops.gemm(true, false, op.out, op.inn, R, 1.f, *op.in, *op.x2, 0.f, dense16.t);
+      };
       ops.zero(out2);
       loop(out2);
       std::string notes[2];
