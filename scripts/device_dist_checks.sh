@@ -369,12 +369,13 @@ RUNS
   wgncu16)
     # The single-call weight gradient storing a bf16 dW (the recipe's expert_grad_dtype), W13 and W2, under ncu
     # --set full: cuBLASLt's dense GEMM storing bf16, our kernel (pairs over m), and ours without its epilogue
-    # (MXTRAIN_GG_FAULT=noepi: wrong sums, timing only). Each launch is picked by its NVTX range in
-    # bench_grouped_gemm's bf16 rotation (session 59: W13 0.90-0.96 of dense, W2 0.89 in four calls of four).
+    # (MXTRAIN_GG_FAULT=noepi: wrong sums, timing only). Each is picked by its NVTX range in bench_grouped_gemm's
+    # bf16 rotation, the first two launches in it (ours: its check call, then its first timed call; cuBLASLt may
+    # launch two kernels a call). Session 59: W13 0.90-0.96 of dense, W2 0.89 in four calls of four.
     tables=()
     while read -r label range envs; do
       env $envs CUDA_VISIBLE_DEVICES=0 timeout 200 "$NCU" --clock-control none --set full --import-source no \
-        --nvtx --nvtx-include "$range/" -c 1 --export "$OUT/wgncu16_$label" -f \
+        --nvtx --nvtx-include "$range/" -c 2 --export "$OUT/wgncu16_$label" -f \
         "$BIN_DIR/bench_grouped_gemm" --no-wmma --shape 8x7B --ops wgrad --runs 1 </dev/null >"$OUT/wgncu16_$label.log" 2>&1
       add "ncu wgrad bf16 $label" "rc=$?"
       "$NCU" --import "$OUT/wgncu16_$label.ncu-rep" --page raw --csv </dev/null >"$OUT/wgncu16_${label}_raw.csv"

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""One row per Nsight Compute launch: cycles, tensor pipe, L2 and DRAM traffic, from `ncu --page raw --csv` files.
+"""One row per Nsight Compute launch: cycles, tensor pipe, L2 and DRAM traffic, from `ncu --page raw --csv` files
+(a file's second launch labelled LABEL#2, and so on).
 
     python3 scripts/ncu_table.py "label=run_raw.csv" ...
 
@@ -12,19 +13,24 @@ import sys
 
 
 def load(path):
+    """One metric reader per launch in the file (a cuBLASLt call may launch more than one kernel)."""
     rows = list(csv.reader(open(path)))
     if len(rows) < 3:
         sys.exit(f"ncu_table.py: {path}: no launch in it (was the kernel matched?)")
     units = dict(zip(rows[0], rows[1]))
-    vals = dict(zip(rows[0], rows[2]))
 
-    def num(name, unit_scale=None):
-        if name not in vals:
-            sys.exit(f"ncu_table.py: {path}: no metric {name} (profile with --set full)")
-        v = float(vals[name].replace(",", ""))
-        return v * unit_scale.get(units[name], 1.0) if unit_scale else v
+    def reader(row):
+        vals = dict(zip(rows[0], row))
 
-    return num
+        def num(name, unit_scale=None):
+            if name not in vals:
+                sys.exit(f"ncu_table.py: {path}: no metric {name} (profile with --set full)")
+            v = float(vals[name].replace(",", ""))
+            return v * unit_scale.get(units[name], 1.0) if unit_scale else v
+
+        return num
+
+    return [reader(row) for row in rows[2:] if row]
 
 
 GB = {"byte": 1e-9, "Kbyte": 1e-6, "Mbyte": 1e-3, "Gbyte": 1.0, "Tbyte": 1e3}
@@ -33,7 +39,10 @@ GB = {"byte": 1e-9, "Kbyte": 1e-6, "Mbyte": 1e-3, "Gbyte": 1.0, "Tbyte": 1e3}
 def main(args):
     if not args or any("=" not in a for a in args):
         sys.exit("usage: ncu_table.py label=raw.csv ...")
-    runs = [(label, load(path)) for label, path in (a.split("=", 1) for a in args)]
+    runs = []
+    for label, path in (a.split("=", 1) for a in args):
+        launches = load(path)
+        runs += [(label if i == 0 else f"{label}#{i + 1}", num) for i, num in enumerate(launches)]
     print("| kernel | SM cycles (M) | SM GHz | tensor pipe active % | L2 sector throughput % | L2 read GB | "
           "L2 reduce GB | L2 reduce alone, least SM cycles (M) | TMA bytes into SMs GB | DRAM read / write GB |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

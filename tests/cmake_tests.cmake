@@ -53,6 +53,12 @@ if(MXT_PYTHON3)
            ${CMAKE_SOURCE_DIR}/docs/data/s41_ncu_wgrad.tgz ${MXT_PYTHON3} ${CMAKE_SOURCE_DIR}/scripts/ncu_table.py)
   set_tests_properties(ncu_table PROPERTIES
                        PASS_REGULAR_EXPRESSION "\\| c1 \\| 9\\.26 \\| 1\\.56 \\| 78\\.1 \\| 88\\.5 \\| 44\\.6 \\| 3\\.76 \\| 1\\.14 \\|.*\\| noepi \\| 7\\.64 \\|")
+  # A file of two launches (ncu -c 2: one header and one units row, then a row per launch) gives a row each.
+  add_test(NAME ncu_table_launches COMMAND bash -c
+           "d=$(mktemp -d) && tar xzf \"$0\" -C \"$d\" ./wg_raw.csv && { cat \"$d/wg_raw.csv\"; tail -n +3 \"$d/wg_raw.csv\"; } > \"$d/two.csv\" && \"$1\" \"$2\" two=\"$d/two.csv\"; rc=$?; rm -rf \"$d\"; exit $rc"
+           ${CMAKE_SOURCE_DIR}/docs/data/s41_ncu_wgrad.tgz ${MXT_PYTHON3} ${CMAKE_SOURCE_DIR}/scripts/ncu_table.py)
+  set_tests_properties(ncu_table_launches PROPERTIES
+                       PASS_REGULAR_EXPRESSION "\\| two \\| 9\\.26 \\|.*\\| two#2 \\| 9\\.26 \\|")
 endif()
 
 # scripts/sass_local_memory.py (spill sites by source line, no disassembler) on a sample of known lines, and
