@@ -45,32 +45,37 @@ void upload_f32(Ops& ops, const Tensor& t, int64_t from, int64_t n, const float*
   ops.upload(element(t, from), bits.data(), bits.size() * sizeof(uint16_t));
 }
 
-constexpr int64_t kSplitChunk = int64_t{1} << 24;  // elements joined or split per host buffer
+namespace {
+// Calls f(at, k, hi, rem) for each chunk [at, at + k) of n elements, with host buffers of k halves: a split master
+// is joined or split on the host in bounded pieces (8x7B masters are billions of elements).
+template <typename F>
+void for_split_chunks(int64_t n, F&& f) {
+  constexpr int64_t kChunk = int64_t{1} << 24;
+  std::vector<uint16_t> hi;
+  std::vector<int16_t> rem;
+  for (int64_t at = 0; at < n; at += kChunk) {
+    const size_t k = static_cast<size_t>(std::min(kChunk, n - at));
+    hi.resize(k);
+    rem.resize(k);
+    f(at, k, hi.data(), rem.data());
+  }
+}
+}  // namespace
 
 void download_joined(Ops& ops, const void* hi, const void* rem, int64_t from, int64_t n, float* dst) {
-  std::vector<uint16_t> h;
-  std::vector<int16_t> r;
-  for (int64_t at = 0; at < n; at += kSplitChunk) {
-    const size_t k = static_cast<size_t>(std::min(kSplitChunk, n - at));
-    h.resize(k);
-    r.resize(k);
-    ops.download(h.data(), static_cast<const uint16_t*>(hi) + from + at, k * 2);
-    ops.download(r.data(), static_cast<const int16_t*>(rem) + from + at, k * 2);
+  for_split_chunks(n, [&](int64_t at, size_t k, uint16_t* h, int16_t* r) {
+    ops.download(h, static_cast<const uint16_t*>(hi) + from + at, k * 2);
+    ops.download(r, static_cast<const int16_t*>(rem) + from + at, k * 2);
     for (size_t i = 0; i < k; ++i) dst[at + static_cast<int64_t>(i)] = join_master(h[i], r[i]);
-  }
+  });
 }
 
 void upload_split(Ops& ops, void* hi, void* rem, int64_t from, int64_t n, const float* src) {
-  std::vector<uint16_t> h;
-  std::vector<int16_t> r;
-  for (int64_t at = 0; at < n; at += kSplitChunk) {
-    const size_t k = static_cast<size_t>(std::min(kSplitChunk, n - at));
-    h.resize(k);
-    r.resize(k);
+  for_split_chunks(n, [&](int64_t at, size_t k, uint16_t* h, int16_t* r) {
     for (size_t i = 0; i < k; ++i) split_master(src[at + static_cast<int64_t>(i)], h[i], r[i]);
-    ops.upload(static_cast<uint16_t*>(hi) + from + at, h.data(), k * 2);
-    ops.upload(static_cast<int16_t*>(rem) + from + at, r.data(), k * 2);
-  }
+    ops.upload(static_cast<uint16_t*>(hi) + from + at, h, k * 2);
+    ops.upload(static_cast<int16_t*>(rem) + from + at, r, k * 2);
+  });
 }
 
 }  // namespace mxt
