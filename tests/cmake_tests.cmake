@@ -59,6 +59,13 @@ if(MXT_PYTHON3)
            ${CMAKE_SOURCE_DIR}/docs/data/s41_ncu_wgrad.tgz ${MXT_PYTHON3} ${CMAKE_SOURCE_DIR}/scripts/ncu_table.py)
   set_tests_properties(ncu_table_launches PROPERTIES
                        PASS_REGULAR_EXPRESSION "\\| two \\| 9\\.26 \\|.*\\| two#2 \\| 9\\.26 \\|")
+  # scripts/ncu_sass_ops.py on a sample of session 61's per-instruction exports (W13's single call, with and
+  # without its epilogue): samples by opcode, the difference of two files.
+  add_test(NAME ncu_sass_ops COMMAND bash -c
+           "d=$(mktemp -d) && tar xzf \"$0\" -C \"$d\" && \"$1\" \"$2\" \"$d/sample_W13_c2m_sass.csv\" \"$d/sample_W13_c2m_noepi_sass.csv\"; rc=$?; rm -rf \"$d\"; exit $rc"
+           ${CMAKE_SOURCE_DIR}/docs/data/s61_ncu_sass_sample.tgz ${MXT_PYTHON3} ${CMAKE_SOURCE_DIR}/scripts/ncu_sass_ops.py)
+  set_tests_properties(ncu_sass_ops PROPERTIES
+                       PASS_REGULAR_EXPRESSION "samples: 260 - 263 = -3.*\\| BAR\\.SYNC\\.DEFER_BLOCKING \\| 169 \\| 160 \\| \\+9 \\|")
 endif()
 
 # scripts/sass_local_memory.py (spill sites by source line, no disassembler) on a sample of known lines, and
