@@ -22,8 +22,12 @@ print("| call | pair units per expert | rounds | epilogue (k-blocks) | static: b
 print("| --- | --- | --- | --- | --- | --- | --- |")
 
 
+def item_costs(order, units, epi):
+    return [nk[e] + epi for e in order for _ in range(units)]
+
+
 def static(order, units, epi):
-    costs = [nk[e] + epi for e in order for _ in range(units)]
+    costs = item_costs(order, units, epi)
     busy = [0] * PAIRS
     for i, c in enumerate(costs):
         busy[i % PAIRS] += c
@@ -33,7 +37,7 @@ def static(order, units, epi):
 by_rows = sorted(range(8), key=lambda e: (-nk[e], e))
 for name, units in UNITS.items():
     for epi in (0, 4):
-        costs = [nk[e] + epi for e in range(8) for _ in range(units)]
+        costs = item_costs(range(8), units, epi)
         heap = [(0, p) for p in range(PAIRS)]
         for c in costs:
             t, p = heapq.heappop(heap)
