@@ -385,6 +385,18 @@ TEST(ConfigChecks, BadValuesNameKeyAndValue) {
        "fp32); got 2"},
       {{"expert_grad_dtype=bfloat16", "parallelism.ep_rebalance_interval=5"},
        "expert_grad_dtype=bfloat16 needs parallelism.ep_rebalance_interval=0"},
+      {{"lm_head_grad_dtype=float16"}, "lm_head_grad_dtype must be one of float32, bfloat16; got 'float16'"},
+      {{"lm_head_grad_dtype=bfloat16", "backend=cpu"},
+       "lm_head_grad_dtype=bfloat16 needs the CUDA bf16 backend (backend=cuda or auto on a GPU), got backend=cpu"},
+      {{"lm_head_grad_dtype=bfloat16", "grad_acc_steps=4", "lm_head_wgrad_micro_batches=3"},
+       "lm_head_grad_dtype=bfloat16 needs lm_head_wgrad_micro_batches >= grad_acc_steps >= 2, so that one GEMM per "
+       "step stores the LM head's gradient; got lm_head_wgrad_micro_batches=3, grad_acc_steps=4"},
+      {{"lm_head_grad_dtype=bfloat16", "grad_acc_steps=1"},
+       "got lm_head_wgrad_micro_batches=1, grad_acc_steps=1"},
+      {{"lm_head_grad_dtype=bfloat16", "grad_acc_steps=2", "lm_head_wgrad_micro_batches=2",
+        "parallelism.dp_size=2"},
+       "lm_head_grad_dtype=bfloat16 needs one rank (dense gradients are summed over every rank in fp32); got "
+       "parallelism.dp_size=2 x parallelism.ep_size=2"},
       {{"optimizer_store_param_remainders=true", "backend=cpu"},
        "optimizer_store_param_remainders=true needs the CUDA bf16 backend (backend=cuda or auto on a GPU), got "
        "backend=cpu"},

@@ -182,5 +182,23 @@ TEST(LmHeadWgradGroup, PlanConfigAndWarnings) {
         << bad;
 }
 
+// lm_head_grad_dtype=bfloat16 (the LM head's gradient stored in bf16 by the step's one held-group GEMM): the memory
+// plan counts its 2 bytes per element beside the fp32 dense gradient, and a backend that computes in fp32 (here the
+// CPU) is a config error naming the key; the training run is tested on the GPU.
+TEST(LmHeadWgradGroup, Bf16GradIsPlannedAndNeedsTheCudaBackend) {
+  TrainConfig f32 = config(2, 2), b16 = config(2, 2);
+  b16.lm_head_grad_dtype = "bfloat16";
+  const MemoryPlan pf = plan_memory(f32, DType::BF16), pb = plan_memory(b16, DType::BF16);
+  EXPECT_EQ(pb.param_bytes - pf.param_bytes, static_cast<size_t>(b16.model.vocab_size * b16.model.hidden_size) * 2);
+  auto ops = make_cpu_ops();
+  try {
+    Trainer t(b16, *ops, embedded_corpus_tokens());
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("lm_head_grad_dtype=bfloat16 needs the CUDA bf16 backend"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace mxt::testing

@@ -142,6 +142,7 @@ struct TrainConfig {
   std::string expert_grad_dtype = "float32";  // float32 | bfloat16: the expert weight gradients as stored
   bool optimizer_store_param_remainders = false;  // the fp32 master as the bf16 working copy + a 16-bit remainder
   int64_t lm_head_wgrad_micro_batches = 1;  // micro-batches per LM-head weight-gradient GEMM (their logits' grads held)
+  std::string lm_head_grad_dtype = "float32";  // float32 | bfloat16: the LM head's weight gradient as stored
   int64_t lm_head_chunk_tokens = 4096;  // tokens whose LM-head logits exist at once
   bool cuda_graphs = true;           // replay each micro-batch's forward + backward as a captured graph (1 GPU)
   std::string resolved_yaml;         // the resolved config as YAML (set by main; saved in checkpoints)

@@ -113,7 +113,10 @@ class MixtralModel {
   // Point the model at its weights and gradient buffers (flat, laid out by the ParamLayout). expert_w is in the
   // activation dtype, or, with fp8_config.enabled, may be F32 (the fp32 master: the experts then read only the
   // MXFP8 copies quantised from it).
-  void bind(const Tensor& dense_w, const Tensor& expert_w, const Tensor& dense_g, const Tensor& expert_g);
+  // lm_head_g (lm_head_grad_dtype=bfloat16): the LM head's gradient in its own BF16 [vocab, hidden] buffer instead of
+  // its slice of dense_g; only with a held group (lm_head_wgrad_micro_batches > 1), whose one GEMM stores it.
+  void bind(const Tensor& dense_w, const Tensor& expert_w, const Tensor& dense_g, const Tensor& expert_g,
+            const Tensor& lm_head_g = Tensor());
   // Called during the backward when a part's gradients are final for this micro-batch: num_hidden_layers for the
   // head (final norm and LM head), then each layer l from the last down (its attention, norms, router, experts).
   // The embedding's come last, when forward_backward returns. Empty: no calls.

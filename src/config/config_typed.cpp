@@ -245,6 +245,7 @@ void read_rest(const Reader& r, TrainConfig& c) {
   c.model.router_force_load_balancing = r.b("router_force_load_balancing");
   c.expert_wgrad_micro_batches = r.i("expert_wgrad_micro_batches");
   c.expert_grad_dtype = r.s("expert_grad_dtype");
+  c.lm_head_grad_dtype = r.s("lm_head_grad_dtype");
   c.optimizer_store_param_remainders = r.b("optimizer_store_param_remainders");
   c.lm_head_wgrad_micro_batches = r.i("lm_head_wgrad_micro_batches");
   c.lm_head_chunk_tokens = r.i("lm_head_chunk_tokens");
@@ -315,6 +316,20 @@ void check_bf16_expert_grads(const TrainConfig& c) {
                       "got {}", why, c.parallelism.ep_rebalance_interval));
 }
 
+// lm_head_grad_dtype=bfloat16: the LM head's gradient is stored once per step by the held group's one GEMM.
+void check_bf16_lm_head_grad(const TrainConfig& c) {
+  const std::string why = "lm_head_grad_dtype=bfloat16 needs ";
+  require(c.backend != "cpu" && c.backend != "cuda-fp32",
+          why + "the CUDA bf16 backend (backend=cuda or auto on a GPU), got backend=" + c.backend);
+  require(c.grad_acc_steps >= 2 && c.lm_head_wgrad_micro_batches >= c.grad_acc_steps,
+          fmt::format("{}lm_head_wgrad_micro_batches >= grad_acc_steps >= 2, so that one GEMM per step stores the "
+                      "LM head's gradient; got lm_head_wgrad_micro_batches={}, grad_acc_steps={}",
+                      why, c.lm_head_wgrad_micro_batches, c.grad_acc_steps));
+  require(c.parallelism.dp_size * c.parallelism.ep_size == 1,
+          fmt::format("{}one rank (dense gradients are summed over every rank in fp32); got parallelism.dp_size={} "
+                      "x parallelism.ep_size={}", why, c.parallelism.dp_size, c.parallelism.ep_size));
+}
+
 void check_rest(TrainConfig& c) {
   require_positive(c.num_train_steps, "num_train_steps");
   require_positive(c.lm_head_chunk_tokens, "lm_head_chunk_tokens");
@@ -327,6 +342,8 @@ void check_rest(TrainConfig& c) {
   require_one_of(c.adamw_moments_dtype, {"float32", "bfloat16"}, "adamw_moments_dtype");
   require_one_of(c.expert_grad_dtype, {"float32", "bfloat16"}, "expert_grad_dtype");
   if (c.expert_grad_dtype == "bfloat16") check_bf16_expert_grads(c);
+  require_one_of(c.lm_head_grad_dtype, {"float32", "bfloat16"}, "lm_head_grad_dtype");
+  if (c.lm_head_grad_dtype == "bfloat16") check_bf16_lm_head_grad(c);
   if (c.optimizer_store_param_remainders) {
     const std::string why = "optimizer_store_param_remainders=true needs ";
     require(c.backend != "cpu" && c.backend != "cuda-fp32",

@@ -240,7 +240,7 @@ void MixtralModel::set_micro_batch(int64_t index, int64_t count, bool overwrite)
 }
 
 void MixtralModel::bind(const Tensor& dense_w, const Tensor& expert_w, const Tensor& dense_g,
-                        const Tensor& expert_g) {
+                        const Tensor& expert_g, const Tensor& lm_head_g) {
   // With MXFP8 the expert weights are only quantised (mx_quantize takes F32 too), so the trainer may bind its
   // fp32 master; the bf16 grouped GEMMs need them in the activation dtype.
   if (!mx_ && expert_w.dtype != ops_.act_dtype())
@@ -249,6 +249,13 @@ void MixtralModel::bind(const Tensor& dense_w, const Tensor& expert_w, const Ten
                                 " (only fp8_config.enabled reads them in another dtype)");
   w_ = bind_tensors(layout_, cfg_, dense_w, expert_w);
   g_ = bind_tensors(layout_, cfg_, dense_g, expert_g);
+  if (lm_head_g.data != nullptr) {
+    if (lm_group_ < 2 || lm_head_g.dtype != DType::BF16 || lm_head_g.numel() != g_.lm_head.numel())
+      throw std::invalid_argument("MixtralModel::bind: a separate LM-head gradient must be BF16 [" +
+                                  std::to_string(cfg_.vocab_size) + ", " + std::to_string(d_) +
+                                  "] and stored by a held group (lm_head_wgrad_micro_batches > 1)");
+    g_.lm_head = Tensor(lm_head_g.data, DType::BF16, {cfg_.vocab_size, d_}, lm_head_g.device);
+  }
   mx_stale_ = true;
 }
 

@@ -111,6 +111,12 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   state_.add(mb_.labels, "batch.labels", DType::I32, {T});
   state_.add(mb_.pos, "batch.pos", DType::I32, {T});
   if (cfg.dataset.sequence_packing) state_.add(mb_.doc_ids, "batch.doc_ids", DType::I32, {T});
+  if (cfg.lm_head_grad_dtype == "bfloat16") {
+    if (ops.act_dtype() != DType::BF16)
+      throw ConfigError(std::string("lm_head_grad_dtype=bfloat16 needs the CUDA bf16 backend; this run's backend "
+                                    "computes in ") + dtype_name(ops.act_dtype()) + " (backend=" + cfg.backend + ")");
+    state_.add(head_grad_, "dense.lm_head_grad", DType::BF16, {layout_.find("lm_head.weight").numel});
+  }
   state_.add(loss_slots_, "loss_slots", F, {cfg.grad_acc_steps});
   state_.add(val_loss_, "val_loss", F, {1});
   state_.add(norm_acc_, "grad_norm_sq", F, {1});
@@ -176,7 +182,7 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   model_ = std::make_unique<MixtralModel>(cfg.model, ops_, cfg.dataset.micro_batch_size,
                                           cfg.dataset.max_seq_length, layout_, true, ep, cfg.fp8,
                                           cfg.recompute_experts, expert_wgrad_group(cfg), lm_head_wgrad_group(cfg));
-  model_->bind(dense_.working, expert_weights(), dense_.grad, expert_.grad);
+  model_->bind(dense_.working, expert_weights(), dense_.grad, expert_.grad, head_grad_);
   // One replica of each expert: its gradient is final where its GEMM stores it, so the GEMM's epilogue adds its
   // sum of squares to the clipping norm instead of a second pass over the expert gradients (0.6% of the 8x7B
   // step; docs/perf.md, session 33).
@@ -418,8 +424,18 @@ StepResult Trainer::train_step() {
   }
   const Tensor dense_g = dense_.grad.rows(dense_shard_.offset, dense_shard_.shard);
   const Tensor expert_g = expert_.grad.rows(expert_shard_.offset, expert_shard_.shard);
+  // With a bf16 LM-head gradient (one rank, no padding; the head is the last dense parameter) the dense gradient is
+  // dense_.grad's [0, head) and head_grad_.
+  const int64_t head_at = head_grad_.data != nullptr ? layout_.find("lm_head.weight").offset : 0;
+  if (head_grad_.data != nullptr && head_at + head_grad_.numel() != dense_g.numel())
+    throw std::logic_error("a bf16 LM-head gradient must end the unsharded dense gradient");
   // The shards are disjoint and together cover every dense element once and every expert once.
-  ops_.sum_squares(dense_g, norm_acc_);
+  if (head_grad_.data != nullptr) {
+    ops_.sum_squares(dense_g.rows(0, head_at), norm_acc_);
+    ops_.sum_squares(head_grad_, norm_acc_);
+  } else {
+    ops_.sum_squares(dense_g, norm_acc_);
+  }
   if (!expert_norm_in_wgrad_) ops_.sum_squares(expert_g, norm_acc_);
   float norm_sq = 0;
   ops_.download(&norm_sq, norm_acc_.data, sizeof(float));
@@ -440,12 +456,26 @@ StepResult Trainer::train_step() {
   // Where it can, the step writes the bf16 working copy as it goes (one read of the fp32 master instead of two).
   const Tensor dense_w = fused_working(dense_, dense_shard_, dense_master_sharded_);
   const Tensor expert_w = fused_working(expert_, expert_shard_, false);
-  if (dense_.split())
-    ops_.adamw_step_split(dense_.working, dense_.rem, dense_g, dense_.adam_m, dense_.adam_v, s);
-  else
-    ops_.adamw_step_to(dense_master_sharded_ ? dense_.master
-                                             : dense_.master.rows(dense_shard_.offset, dense_shard_.shard),
-                       dense_g, dense_.adam_m, dense_.adam_v, s, dense_w);
+  const Tensor dense_master = dense_.split()             ? Tensor()
+                              : dense_master_sharded_ ? dense_.master
+                                                      : dense_.master.rows(dense_shard_.offset, dense_shard_.shard);
+  // AdamW over [begin, begin + n) of the dense state with gradient g (the whole shard, or one of the two pieces).
+  auto dense_adamw = [&](int64_t begin, int64_t n, const Tensor& g, bool whole) {
+    const Tensor m = whole ? dense_.adam_m : dense_.adam_m.rows(begin, n);
+    const Tensor v = whole ? dense_.adam_v : dense_.adam_v.rows(begin, n);
+    if (dense_.split())
+      ops_.adamw_step_split(whole ? dense_.working : dense_.working.rows(begin, n),
+                            whole ? dense_.rem : dense_.rem.rows(begin, n), g, m, v, s);
+    else
+      ops_.adamw_step_to(whole ? dense_master : dense_master.rows(begin, n), g, m, v, s,
+                         whole || dense_w.data == nullptr ? dense_w : dense_w.rows(begin, n));
+  };
+  if (head_grad_.data != nullptr) {
+    dense_adamw(0, head_at, dense_g.rows(0, head_at), false);
+    dense_adamw(head_at, head_grad_.numel(), head_grad_, false);
+  } else {
+    dense_adamw(0, dense_g.numel(), dense_g, true);
+  }
   if (expert_.split()) {
     ops_.adamw_step_split(expert_.working, expert_.rem, expert_g, expert_.adam_m, expert_.adam_v, s);
   } else {
@@ -657,6 +687,7 @@ void Trainer::dump_first_batch(const std::string& dir) {
   if (world_ > 1) throw ConfigError("--dump runs on one rank (parallelism.ep_size=1, parallelism.dp_size=1)");
   fs::create_directories(dir);
   ops_.zero(dense_.grad);
+  if (head_grad_.data != nullptr) ops_.zero(head_grad_);
   ops_.zero(expert_.grad);
   ops_.zero(loss_slots_);
   model_->set_micro_batch(0, 1, expert_.grad.dtype == DType::BF16);  // a bf16 expert gradient is stored, not added to
@@ -669,6 +700,10 @@ void Trainer::dump_first_batch(const std::string& dir) {
 
   std::vector<float> gd(layout_.dense_numel), ge(layout_.expert_numel);
   ops_.download(gd.data(), dense_.grad.data, gd.size() * sizeof(float));
+  if (head_grad_.data != nullptr) {
+    const ParamInfo& head = layout_.find("lm_head.weight");
+    download_f32(ops_, head_grad_, 0, head.numel, gd.data() + head.offset);
+  }
   download_f32(ops_, expert_.grad, 0, layout_.expert_numel, ge.data());
   export_hf_weights(dir + "/grads", layout_, cfg_.model, gd, ge, DType::F32);
 
@@ -750,6 +785,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
   };
   p.param_bytes = dense_bytes(layout.dense_numel) + bytes(layout.expert_numel, cfg.parallelism.dp_size, expert_working,
                                                           dtype_size(expert_grad_dtype(cfg)));
+  if (cfg.lm_head_grad_dtype == "bfloat16")  // beside the dense fp32 gradient, whose head slice stays unused
+    p.param_bytes += static_cast<size_t>(cfg.model.vocab_size * cfg.model.hidden_size) * 2;
   p.expert_working_bytes = static_cast<size_t>(layout.expert_numel) * expert_working;
   p.act_dtype = act_dtype;
   const ExpertParallel ep{nullptr, nullptr, 0, static_cast<int>(cfg.parallelism.ep_size),
@@ -810,6 +847,7 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
       act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts,
       std::string(cfg.expert_grad_dtype == "bfloat16" ? " (the experts' in bf16)" : "") +
+          (cfg.lm_head_grad_dtype == "bfloat16" ? " (the LM head's in bf16, beside its unused fp32 slice)" : "") +
           (cfg.optimizer_store_param_remainders ? " (unsharded masters: working copy + 16-bit remainder)" : ""),
       working, gib(p.param_bytes),
       cfg.adamw_moments_dtype, world, sharded ? " with its fp32 master" : "", cfg.parallelism.dp_size,
