@@ -131,7 +131,8 @@ struct Sched {
   int32_t slo[kSetSlots], shi[kSetSlots];    // wgrad: expert e's rows of set s >= 1 at (s - 1) * E + e
   int32_t unk[kSetRoom];  // wgrad: set s's first row that may be unwritten: offsets_s[E] if below R_s, else
                           // INT32_MAX (none: TMA zero-fills rows past R_s)
-  int32_t cum[kMaxExperts + 1];  // exclusive prefix of the experts' work items
+  int32_t cum[kMaxExperts + 1];  // exclusive prefix of the experts' work items, in the order of `order`
+  int32_t order[kMaxExperts];    // wgrad: the expert at each position of the schedule (Params::order_rows)
   int32_t split_last;            // fwd / dgrad: this CTA finished its split unit last (one split item per CTA)
 };
 
@@ -161,10 +162,13 @@ struct Params {
   int32_t m_tiles;  // wgrad: ceil(M / BM) (pair_m: pairs of m-tiles)
   int32_t m_fast;   // wgrad: item order, m-tile fastest
   int32_t group;    // wgrad: the fast index walks groups of this many units (wgrad_unit; 0: one group)
+  int32_t order_rows;  // wgrad: the experts' items in decreasing order of their k-blocks (ties by index), so the
+                       // last round is the cheapest expert's; else in index order
   int32_t hint_a, hint_b, hint_c;  // L2 eviction priorities (L2Priority) of the A and B loads and the TMA stores
   int32_t pair_m;   // wgrad, CTA pairs: the pair shares the x tile (rank r takes m-tile unit * 2 + r) instead of the
                     // dy tile (n-tile unit * 2 + r)
   int32_t prefetch; // wgrad: prefetch each dW tile into L2 (one tensor prefetch, SetMaps::pf) before adding to it
+  int32_t* order_out;    // wgrad, tests: CTA 0 writes the schedule's expert order here (E entries), or null
   int32_t* lockstep;     // wgrad: per item ordinal, the CTAs past that item's middle (zeroed per launch), or null
   int32_t lockstep_len;  // its length: later ordinals run ungated
   int32_t fault;    // test-only fault injection (MXTRAIN_GG_FAULT): 1 = no row mask, 2 = no wgrad tail zeroing,
@@ -282,13 +286,15 @@ struct Item {
 // kCl CTAs (cluster ranks) share a unit: wgrad: rank r takes n-tile unit * kCl + r (p.pair_m: m-tile); forward /
 // dgrad: row_unit (sm90_row_units.hpp).
 template <Mode kMode, int BN, int kCl>
-__device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int item, int& e, int rank) {
-  while (item >= sc.cum[e + 1]) ++e;  // items of one CTA increase, so the expert only moves forward
+// `pos` is the caller's cursor over the schedule's expert positions.
+__device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int item, int& pos, int rank) {
+  while (item >= sc.cum[pos + 1]) ++pos;  // items of one CTA increase, so the position only moves forward
   static_assert(kCl == 1 || kCl == 2, "units pair CTAs at most");
+  const int e = kMode == Mode::kWgrad ? sc.order[pos] : pos;
   Item it;
   it.e = e;
   it.shared_b = kCl > 1;
-  const int local = item - sc.cum[e];
+  const int local = item - sc.cum[pos];
   if constexpr (kMode == Mode::kWgrad) {
     const WgradUnit u = p.m_fast ? wgrad_unit(local, p.m_tiles, p.n_units, p.group)
                                  : wgrad_unit(local, p.n_units, p.m_tiles, p.group);
@@ -311,6 +317,43 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
     it.nk = row_kblocks(p);
   }
   return it;
+}
+
+// Wgrad: one warp fills the schedule's expert order and moves each expert's item count (cum[e + 1], before the
+// prefix) to its position. by_work: decreasing k-blocks, ties by index, so that the static round-robin ends on the
+// cheapest expert's items (session 60's schedule model: the W2 call's busiest CTA pair 0.25% nearer the mean).
+// Else the index order. Every CTA computes the same order from the same table.
+__device__ __forceinline__ void order_experts(Sched& sc, int E, bool by_work, int lane) {
+  constexpr int kPer = kMaxExperts / 32;
+  int32_t pos[kPer], units[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    pos[i] = e;
+    units[i] = 0;
+    if (e < E) {
+      units[i] = sc.cum[e + 1];
+      if (by_work) {
+        const int32_t w = sc.mtiles[e];
+        int r = 0;
+        for (int f = 0; f < E; ++f) {
+          const int32_t v = sc.mtiles[f];
+          r += v > w || (v == w && f < e);
+        }
+        pos[i] = r;
+      }
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    if (e < E) {
+      sc.order[pos[i]] = e;
+      sc.cum[pos[i] + 1] = units[i];
+    }
+  }
+  __syncwarp();
 }
 
 // The call's split of its last round (fwd / dgrad with Params::split_max >= 2; else none).
@@ -1033,7 +1076,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_barrier_init();
   }
   __syncthreads();
-  if (warp == 0) warp_prefix_over_experts(sc.cum, p.E, lane);
+  if (warp == 0) {
+    if constexpr (kMode == Mode::kWgrad) {
+      order_experts(sc, p.E, p.order_rows != 0, lane);
+      if (p.order_out != nullptr && blockIdx.x == 0)
+        for (int i = lane; i < p.E; i += 32) p.order_out[i] = sc.order[i];
+    }
+    warp_prefix_over_experts(sc.cum, p.E, lane);
+  }
   __syncthreads();
   // Units: clusters walk the work items; both CTAs of a cluster take the same item.
   const int rank = kCl > 1 ? static_cast<int>(cluster_ctarank()) : 0;
@@ -1092,6 +1142,9 @@ std::atomic<int> g_wgrad_tail{-1};  // -1: env, else a WgradTail
 std::atomic<int> g_wgrad_pair{-1};  // -1: env, 0: pairs over n-tiles (share dy), 1: over m-tiles (share x)
 std::atomic<int> g_tail_split{-1};  // -1: env, else the most parts of a split unit (< 2: off)
 std::atomic<int> g_wgrad_group{-1};  // -1: env, else fast units per raster group (0: one group)
+std::atomic<int> g_wgrad_order{-1};  // -1: env, 0: experts in index order, 1: by decreasing k-blocks
+std::atomic<bool> g_record_order{false};  // tests: the wgrad launches write their expert order to g_dev_order
+__device__ int32_t g_dev_order[kMaxExperts];
 std::atomic<int> g_wgrad_gather{-1};  // -1: env, else 1 = gather the row sets' tails, 0 = leave them in place
 std::atomic<int> g_wgrad_lockstep{-1};  // -1: env, else 1 = gate each item on the grid's progress, 0 = off
 std::atomic<int> g_l2_hints{-1};    // -1: env, else a mask of the directions with hints (l2_hints)
@@ -1252,6 +1305,15 @@ int wgrad_group(int nsets) {
   if (o >= 0) return o;
   static const int v = env_int("MXTRAIN_GG_WGRAD_GROUP", -1, 0, 4096);
   return v >= 0 ? v : nsets >= 2 ? 8 : 0;
+}
+
+// Wgrad schedule: the experts in decreasing order of their k-blocks (order_experts; env MXTRAIN_GG_WGRAD_ORDER=rows)
+// or in index order (index, the default until measured). The same sums bit for bit.
+bool wgrad_order_rows() {
+  const int o = g_wgrad_order.load();
+  if (o >= 0) return o == 1;
+  static const int v = env_choice("MXTRAIN_GG_WGRAD_ORDER", {"index", "rows"});
+  return v == 1;
 }
 
 // Forward / dgrad: the last round's units split along K into at most this many parts (tail_split; env
@@ -1584,6 +1646,21 @@ void set_grouped_l2_hints(int mask) {
   g_l2_hints.store(mask);
 }
 void set_grouped_tail_split(int max_parts) { g_tail_split.store(max_parts < 0 ? -1 : max_parts); }
+void set_grouped_wgrad_order(int by_rows) {
+  if (by_rows < -1 || by_rows > 1)
+    cuda::fail("grouped_gemm_wgrad", "expert order must be -1 (env), 0 (index) or 1 (rows), got " +
+                                         std::to_string(by_rows));
+  g_wgrad_order.store(by_rows);
+}
+void record_wgrad_order(bool on) { g_record_order.store(on); }
+std::vector<int32_t> recorded_wgrad_order(int E) {
+  if (E < 1 || E > kMaxExperts) cuda::fail("grouped_gemm_wgrad", "recorded order of " + std::to_string(E) + " experts");
+  std::vector<int32_t> order(static_cast<size_t>(E));
+  cuda::check(cudaDeviceSynchronize(), "grouped_gemm_wgrad", "recorded order");
+  cuda::check(cudaMemcpyFromSymbol(order.data(), g_dev_order, sizeof(int32_t) * E), "grouped_gemm_wgrad",
+              "recorded order");
+  return order;
+}
 void set_grouped_wgrad_group(int units) {
   if (units < -1)
     cuda::fail("grouped_gemm_wgrad", "raster group must be -1 (env) or >= 0 units, got " + std::to_string(units));
@@ -1728,6 +1805,12 @@ bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t ou
     p.m_tiles = static_cast<int32_t>(m_tiles);
     p.m_fast = M <= N ? 1 : 0;
     p.group = wgrad_group(ngiven);
+    p.order_rows = wgrad_order_rows() ? 1 : 0;
+    if (g_record_order.load()) {
+      void* rec = nullptr;
+      cuda::check(cudaGetSymbolAddress(&rec, g_dev_order), op, "order record");
+      p.order_out = static_cast<int32_t*>(rec);
+    }
     if (l2_hints(2) && p.group > 0) {  // the grouped operand: dy's m-tiles when m is fastest, else x's n-tiles
       p.hint_a = p.m_fast ? kL2EvictLast : kL2EvictFirst;
       p.hint_b = p.m_fast ? kL2EvictFirst : kL2EvictLast;

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace mxt {
 struct CudaContext;
@@ -49,6 +50,14 @@ void set_grouped_wgrad_pair(int mode);
 // raster; default: env MXTRAIN_GG_WGRAD_GROUP, else 8 for a call over several row sets and 0 for one), -1 restores
 // the default.
 void set_grouped_wgrad_group(int units);
+// Weight-gradient schedule: 1 = the experts' items in decreasing order of their k-blocks (ties by index), so the
+// static round-robin's last round is the cheapest expert's; 0 = index order (default; env
+// MXTRAIN_GG_WGRAD_ORDER=index|rows), -1 restores the env var's choice. The same sums bit for bit.
+void set_grouped_wgrad_order(int by_rows);
+// Tests: while on, each weight-gradient launch's CTA 0 writes the schedule's expert order (position -> expert) to a
+// device buffer that recorded_wgrad_order reads back (after a device synchronisation).
+void record_wgrad_order(bool on);
+std::vector<int32_t> recorded_wgrad_order(int E);
 // Weight gradient over several row sets in one launch: 1 = each set's rows of an expert past its last whole 64-row
 // k-block are first copied into one extra set (gather_wgrad_tails, wgrad_tails.hpp), so each expert ends in one
 // partial k-block instead of one per set (default; env MXTRAIN_GG_WGRAD_GATHER=on), 0 = they stay in place (off),

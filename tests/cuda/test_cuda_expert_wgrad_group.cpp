@@ -8,6 +8,7 @@
 // summation order differs (rel L2 < 1e-5, the project's fp32 tolerance). Skips without an sm_90 GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -38,6 +39,8 @@ struct Guard {
     sm90::set_grouped_wgrad_lockstep(-1);
     sm90::set_grouped_wgrad_pair(-1);
     sm90::set_grouped_wgrad_group(-1);
+    sm90::set_grouped_wgrad_order(-1);
+    sm90::record_wgrad_order(false);
     sm90::set_grouped_l2_hints(-1);
   }
 };
@@ -367,6 +370,91 @@ TEST(CudaExpertWgradGroup, RasterGroupsGiveThePlainRastersSums) {
         int64_t differ = 0;
         for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &plain[i], 4) != 0;
         EXPECT_EQ(differ, 0) << "of " << got.size() << " dW values differ from the plain raster's";
+      }
+    }
+  }
+}
+
+// The schedule's expert order (set_grouped_wgrad_order) changes only which CTA computes which tile, when. By
+// decreasing k-blocks over all sets (ties by index) the launch records that order, and gives the index order's dW
+// bit for bit, accumulating into fp32 and storing bf16 with the clipping norm's sums (their slots are per tile, so
+// the norm too is bit for bit); 4 experts and 40 (several per lane, ties, empty experts), one CTA and pairs over m-
+// and n-tiles, one row set and two.
+TEST(CudaExpertWgradGroup, ExpertOrderGivesTheIndexOrdersSums) {
+  MXT_REQUIRE_SM90();
+  auto gpu = make_cuda_ops();
+  struct Case {
+    int64_t out, in;
+    std::vector<std::vector<int32_t>> loads;
+  };
+  std::vector<int32_t> many_a, many_b;
+  for (int e = 0; e < 40; ++e) {
+    many_a.push_back(e % 7 == 3 ? 0 : (e * 37) % 150);  // equal k-blocks among several experts, some without rows
+    many_b.push_back(e % 5 == 0 ? 0 : (e * 53) % 90);
+  }
+  const std::vector<Case> cases = {{1024, 1792, {{130, 0, 77, 260}, {64, 200, 1, 95}}},
+                                   {1792, 1024, {{70, 300, 0, 129}}},
+                                   {256, 384, {many_a, many_b}},
+                                   {384, 256, {many_b}}};
+  uint32_t seed = 800;
+  for (const Case& c : cases) {
+    std::vector<RowSet> sets;
+    for (const auto& l : c.loads) sets.push_back(make_set(l, 2, c.out, c.in, seed += 2));
+    const int E = static_cast<int>(c.loads[0].size());
+    const auto dw0 = randn(static_cast<int64_t>(E) * c.out * c.in, seed + 1);
+    const DeviceSets dev(*gpu, sets, c.out, c.in);
+    for (int gather : {1, 0})
+    for (int cl : {1, 2, 3}) {
+      // The expected order: decreasing k-blocks over the sets, ties by index. Gathered (two sets or more), each
+      // set keeps its whole 64-row blocks of an expert and the rest of all sets fills one more set's blocks.
+      const bool gathered = gather && sets.size() >= 2;
+      std::vector<int64_t> kb(E, 0), rest(E, 0);
+      for (const auto& l : c.loads)
+        for (int e = 0; e < E; ++e) {
+          kb[e] += gathered ? l[e] / 64 : (l[e] + 63) / 64;
+          rest[e] += l[e] % 64;
+        }
+      if (gathered)
+        for (int e = 0; e < E; ++e) kb[e] += (rest[e] + 63) / 64;
+      std::vector<int32_t> want_order(E);
+      for (int e = 0; e < E; ++e) want_order[e] = e;
+      std::stable_sort(want_order.begin(), want_order.end(), [&](int32_t a, int32_t b) { return kb[a] > kb[b]; });
+      std::vector<float> acc_index, store_index;
+      float norm_index = 0.f;
+      for (int by_rows : {0, 1}) {
+        SCOPED_TRACE("out " + std::to_string(c.out) + " in " + std::to_string(c.in) + " experts " +
+                     std::to_string(E) + " sets " + std::to_string(sets.size()) + " cluster " +
+                     sm90::cluster_code_name(cl) + (gather ? " gathered" : " in place") +
+                     (by_rows ? " by rows" : " by index"));
+        Guard guard;
+        sm90::set_grouped_wgrad_gather(gather);
+        sm90::set_grouped_tile_n(256);
+        sm90::use_cluster_code(cl);
+        sm90::set_grouped_wgrad_order(by_rows);
+        sm90::record_wgrad_order(true);
+        const std::vector<float> acc = gpu_sets(*gpu, sets, c.out, c.in, dw0, true);
+        std::vector<int32_t> index_order(E);
+        for (int e = 0; e < E; ++e) index_order[e] = e;
+        EXPECT_EQ(sm90::recorded_wgrad_order(E), by_rows ? want_order : index_order);
+        auto DW = upload(*gpu, dw0, DType::BF16, {E, c.out, c.in});
+        auto ACC = upload(*gpu, std::vector<float>{0.5f}, DType::F32, {1});
+        gpu->grouped_gemm_wgrad_sets_norm(dev.sets, DW, ACC);
+        EXPECT_STREQ(sm90::last_grouped_impl(), "sm90");
+        const std::vector<float> store = download(*gpu, DW);
+        const float norm = download(*gpu, ACC)[0];
+        if (!by_rows) {
+          acc_index = acc;
+          store_index = store;
+          norm_index = norm;
+          continue;
+        }
+        int64_t differ = 0;
+        for (size_t i = 0; i < acc.size(); ++i) differ += std::memcmp(&acc[i], &acc_index[i], 4) != 0;
+        EXPECT_EQ(differ, 0) << "of " << acc.size() << " accumulated dW values differ from the index order's";
+        differ = 0;
+        for (size_t i = 0; i < store.size(); ++i) differ += std::memcmp(&store[i], &store_index[i], 4) != 0;
+        EXPECT_EQ(differ, 0) << "of " << store.size() << " stored bf16 dW values differ from the index order's";
+        EXPECT_EQ(std::memcmp(&norm, &norm_index, 4), 0) << norm << " against " << norm_index;
       }
     }
   }
