@@ -325,23 +325,19 @@ __device__ __forceinline__ Item decode(const Sched& sc, const Params& p, int ite
 // Else the index order. Every CTA computes the same order from the same table.
 __device__ __forceinline__ void order_experts(Sched& sc, int E, bool by_work, int lane) {
   constexpr int kPer = kMaxExperts / 32;
-  int32_t pos[kPer], units[kPer];
+  int32_t pos[kPer], units[kPer], work[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int e = lane + 32 * i;
-    pos[i] = e;
-    units[i] = 0;
-    if (e < E) {
-      units[i] = sc.cum[e + 1];
-      if (by_work) {
-        const int32_t w = sc.mtiles[e];
-        int r = 0;
-        for (int f = 0; f < E; ++f) {
-          const int32_t v = sc.mtiles[f];
-          r += v > w || (v == w && f < e);
-        }
-        pos[i] = r;
-      }
+    pos[i] = by_work ? 0 : e;
+    units[i] = e < E ? sc.cum[e + 1] : 0;
+    work[i] = e < E ? sc.mtiles[e] : 0;
+  }
+  if (by_work) {  // one pass over the table (a broadcast read per expert), each lane ranking its experts
+    for (int f = 0; f < E; ++f) {
+      const int32_t v = sc.mtiles[f];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) pos[i] += v > work[i] || (v == work[i] && f < lane + 32 * i);
     }
   }
   __syncwarp();
