@@ -61,6 +61,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_common.cuh"
@@ -178,6 +179,7 @@ struct Params {
                     // 9 = a bf16 dW's pairs stored with their two columns swapped
   int32_t tail;     // wgrad: a row set's last k-block of an expert (WgradTail)
   int32_t odd_tail;   // fwd / dgrad, CTA pairs: an odd last m-tile over two n-tiles (MXTRAIN_GG_ODD_TAIL=pair)
+  int32_t epi_one_bar;  // wgrad storing bf16 through TMA boxes: one named barrier per box (else two)
   int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC); wgrad: the
                       // tile leaves through TMA reduce-adds / stores, else red.global / st.global from registers
   void* out;        // y / dx (bf16, [R, N]) or dW (f32, [E, M, N]); forward + SwiGLU: h13 (bf16, [R, 2N])
@@ -201,9 +203,9 @@ __host__ __device__ inline int64_t norm_slot(int64_t e, int32_t m0, int32_t n0, 
 }
 
 // Two sums rounded to bf16 (nearest even) as one 32-bit word, a first; their rounded squares added to sq, so that
-// the clipping norm sums what the optimizer will read. fault 9 swaps the pair.
-__device__ __forceinline__ uint32_t bf16x2_norm(float a, float b, float& sq, bool norm, int fault) {
-  const __nv_bfloat162 v = fault == 9 ? __floats2bfloat162_rn(b, a) : __floats2bfloat162_rn(a, b);
+// the clipping norm sums what the optimizer will read.
+__device__ __forceinline__ uint32_t bf16x2_norm(float a, float b, float& sq, bool norm) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   if (norm) {
     const float2 r = __bfloat1622float2(v);
     sq = fmaf(r.x, r.x, sq);
@@ -743,6 +745,14 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
     // (dW is not read back); a warp's values out of the tile (rows >= M, columns >= N) are zeros.
     [[maybe_unused]] const bool norm = kMode == Mode::kWgrad && p.sumsq != nullptr;
     [[maybe_unused]] float sq = 0.f;
+    if (kMode == Mode::kWgrad && p.out_bf16 && p.fault == 9) {  // test-only (bf16swap): each pair's columns swapped
+#pragma unroll
+      for (int q = 0; q < C::kAcc; q += 2) {
+        const float t = acc[q];
+        acc[q] = acc[q + 1];
+        acc[q + 1] = t;
+      }
+    }
 
     // Epilogue straight from the accumulator fragments (layout: sm90_wgmma.cuh).
     const int r_local = cw * 64 + warp * 16 + lane / 4;
@@ -758,8 +768,8 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
 #pragma unroll
         for (int j = 0; j < C::kAcc / 4; ++j) {
           const int64_t n = it.n0 + 8 * j + col_l;
-          const uint32_t va = bf16x2_norm(acc[4 * j], acc[4 * j + 1], sq, norm, p.fault);
-          const uint32_t vb = bf16x2_norm(acc[4 * j + 2], acc[4 * j + 3], sq, norm, p.fault);
+          const uint32_t va = bf16x2_norm(acc[4 * j], acc[4 * j + 1], sq, norm);
+          const uint32_t vb = bf16x2_norm(acc[4 * j + 2], acc[4 * j + 3], sq, norm);
           if (n >= N) continue;
           if (ra < M) wbase[(ra * N + n) / 2] = va;
           if (rb < M) wbase[(rb * N + n) / 2] = vb;
@@ -796,27 +806,42 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
       const int wt = ct % 128;
       const uint32_t bar_id = 2 + cw;
       if (p.out_bf16) {  // storing only: 64 x 32 bf16 boxes, the same 64-byte rows and swizzle as the f32 boxes
+        // With Params::epi_one_bar, one barrier per box: before it, the issuing thread also waits until the box
+        // after this one is free (its use kEpiBufs ago read by the TMA), so after it every thread may write that
+        // box; the first box of a CTA was never used. Else two (session 58's form): free box, then written box.
+        // The norm's squares are a compile-time branch, so a call without the norm issues none of them.
+        auto store_boxes = [&](auto with_norm) {
+          constexpr bool kNorm = decltype(with_norm)::value;
 #pragma unroll
-        for (int c = 0; c < BN / (2 * kEpiCols); ++c) {
-          const int b = epi_box;
-          epi_box = epi_box + 1 == kEpiBufs ? 0 : epi_box + 1;
-          if (wt == 0) CK_TIMED(bulk_wait_group_read<kEpiBufs - 1>());
-          named_barrier_sync(bar_id, 128);
-          const uint32_t box = boxes + b * kEpiBox;
+          for (int c = 0; c < BN / (2 * kEpiCols); ++c) {
+            const int b = epi_box;
+            epi_box = epi_box + 1 == kEpiBufs ? 0 : epi_box + 1;
+            if (!p.epi_one_bar) {
+              if (wt == 0) CK_TIMED(bulk_wait_group_read<kEpiBufs - 1>());
+              named_barrier_sync(bar_id, 128);
+            }
+            const uint32_t box = boxes + b * kEpiBox;
 #pragma unroll
-          for (int jj = 0; jj < kEpiCols / 4; ++jj) {
-            const int q = 4 * (c * (kEpiCols / 4) + jj), word = 4 * jj + lane % 4;
-            st_shared_b32(box + sw64_offset(r0, word), bf16x2_norm(acc[q], acc[q + 1], sq, norm, p.fault));
-            st_shared_b32(box + sw64_offset(r0 + 8, word), bf16x2_norm(acc[q + 2], acc[q + 3], sq, norm, p.fault));
+            for (int jj = 0; jj < kEpiCols / 4; ++jj) {
+              const int q = 4 * (c * (kEpiCols / 4) + jj), word = 4 * jj + lane % 4;
+              st_shared_b32(box + sw64_offset(r0, word), bf16x2_norm(acc[q], acc[q + 1], sq, kNorm));
+              st_shared_b32(box + sw64_offset(r0 + 8, word), bf16x2_norm(acc[q + 2], acc[q + 3], sq, kNorm));
+            }
+            fence_proxy_async_smem();
+            if (p.epi_one_bar && wt == 0) CK_TIMED(bulk_wait_group_read<kEpiBufs - 2>());
+            named_barrier_sync(bar_id, 128);
+            if (wt == 0) {
+              tma_store_3d(mC, boxes + b * kEpiBox, it.n0 + 2 * kEpiCols * c, it.m0 + 64 * cw, it.e);
+              bulk_commit_group();
+            }
           }
-          fence_proxy_async_smem();
-          named_barrier_sync(bar_id, 128);
-          if (wt == 0) {
-            tma_store_3d(mC, boxes + b * kEpiBox, it.n0 + 2 * kEpiCols * c, it.m0 + 64 * cw, it.e);
-            bulk_commit_group();
-          }
+        };
+        if (norm) {
+          store_boxes(std::true_type{});
+          store_norm_slot<BN>(p, it.e, it.m0, it.n0, sq, cw * 4 + warp, lane);
+        } else {
+          store_boxes(std::false_type{});
         }
-        if (norm) store_norm_slot<BN>(p, it.e, it.m0, it.n0, sq, cw * 4 + warp, lane);
         continue;
       }
 #pragma unroll
@@ -1138,6 +1163,7 @@ std::atomic<int> g_wgrad_tail{-1};  // -1: env, else a WgradTail
 std::atomic<int> g_wgrad_pair{-1};  // -1: env, 0: pairs over n-tiles (share dy), 1: over m-tiles (share x)
 std::atomic<int> g_tail_split{-1};  // -1: env, else the most parts of a split unit (< 2: off)
 std::atomic<int> g_wgrad_group{-1};  // -1: env, else fast units per raster group (0: one group)
+std::atomic<int> g_wgrad_epi_bars{-1};  // -1: env, else barriers per bf16 epilogue box (1 or 2)
 std::atomic<int> g_wgrad_order{-1};  // -1: env, 0: experts in index order, 1: by decreasing k-blocks
 std::atomic<bool> g_record_order{false};  // tests: the wgrad launches write their expert order to g_dev_order
 __device__ int32_t g_dev_order[kMaxExperts];
@@ -1301,6 +1327,16 @@ int wgrad_group(int nsets) {
   if (o >= 0) return o;
   static const int v = env_int("MXTRAIN_GG_WGRAD_GROUP", -1, 0, 4096);
   return v >= 0 ? v : nsets >= 2 ? 8 : 0;
+}
+
+// Wgrad storing bf16 through the TMA: named barriers per 64 x 32 box (env MXTRAIN_GG_WGRAD_EPI_BARS=1|2; default 1).
+// Session 61's ncu of the single W13 call (H100): the epilogue is 10.5% of its cycles, its barrier waits the largest
+// part of that. The same bits either way.
+int wgrad_epi_bars() {
+  const int o = g_wgrad_epi_bars.load();
+  if (o >= 0) return o;
+  static const int v = env_choice("MXTRAIN_GG_WGRAD_EPI_BARS", {"1", "2"}) + 1;
+  return v;
 }
 
 // Wgrad schedule: the experts in decreasing order of their k-blocks (order_experts; env MXTRAIN_GG_WGRAD_ORDER=rows)
@@ -1642,6 +1678,11 @@ void set_grouped_l2_hints(int mask) {
   g_l2_hints.store(mask);
 }
 void set_grouped_tail_split(int max_parts) { g_tail_split.store(max_parts < 0 ? -1 : max_parts); }
+void set_grouped_wgrad_epi_bars(int bars) {
+  if (bars != -1 && bars != 1 && bars != 2)
+    cuda::fail("grouped_gemm_wgrad", "epilogue barriers per box must be -1 (env), 1 or 2, got " + std::to_string(bars));
+  g_wgrad_epi_bars.store(bars);
+}
 void set_grouped_wgrad_order(int by_rows) {
   if (by_rows < -1 || by_rows > 1)
     cuda::fail("grouped_gemm_wgrad", "expert order must be -1 (env), 0 (index) or 1 (rows), got " +
@@ -1818,6 +1859,7 @@ bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t ou
       p.lockstep = static_cast<int32_t*>(ctx.scratch("gg_wgrad_lockstep", sizeof(int32_t) * kLockstepSlots));
     }
     p.tma_store = wgrad_tma_epilogue() ? 1 : 0;
+    p.epi_one_bar = wgrad_epi_bars() == 1 ? 1 : 0;
     p.fault = fault_injection();
     p.tail = p.fault == 2 ? kTailNone : wgrad_tail_mode();
     p.out = dW;

@@ -54,6 +54,10 @@ void set_grouped_wgrad_group(int units);
 // static round-robin's last round is the cheapest expert's; 0 = index order (default; env
 // MXTRAIN_GG_WGRAD_ORDER=index|rows), -1 restores the env var's choice. The same sums bit for bit.
 void set_grouped_wgrad_order(int by_rows);
+// Weight gradient storing a bf16 dW through the TMA: 1 = one named barrier per 64 x 32 box (default; env
+// MXTRAIN_GG_WGRAD_EPI_BARS=1), 2 = two (2, the form before session 61), -1 restores the env var's choice. The same
+// bits.
+void set_grouped_wgrad_epi_bars(int bars);
 // Tests: while on, each weight-gradient launch's CTA 0 writes the schedule's expert order (position -> expert) to a
 // device buffer that recorded_wgrad_order reads back (after a device synchronisation).
 void record_wgrad_order(bool on);

@@ -369,8 +369,8 @@ RUNS
   wgncu16)
     # The single-call weight gradient storing a bf16 dW (the recipe's expert_grad_dtype), W13 and W2, under ncu
     # --set full: cuBLASLt's dense GEMM storing bf16, our kernel (pairs over m), ours without its epilogue
-    # (MXTRAIN_GG_FAULT=noepi: wrong sums, timing only) and, for W2, ours with the experts by decreasing rows
-    # (MXTRAIN_GG_WGRAD_ORDER=rows). Each is picked by its NVTX range in bench_grouped_gemm's bf16 rotation, the
+    # (MXTRAIN_GG_FAULT=noepi: wrong sums, timing only) and, for W2, ours with the epilogue's two barriers per box
+    # (the form before session 61). Each is picked by its NVTX range in bench_grouped_gemm's bf16 rotation, the
     # first two launches in it (ours: its check call, then its first timed call; cuBLASLt may launch two kernels a
     # call). Session 59: W13 0.90-0.96 of dense, W2 0.89 in four calls of four.
     tables=()
@@ -385,13 +385,13 @@ RUNS
       rm -f "$OUT/wgncu16_$label.ncu-rep"
       tables+=("$label=$OUT/wgncu16_${label}_raw.csv")
     done <<'RUNS'
-W13_dense wgrad_W13_bf16_dense X=1
-W13_c2m wgrad_W13_bf16_c2m X=1
-W13_c2m_noepi wgrad_W13_bf16_c2m MXTRAIN_GG_FAULT=noepi
 W2_dense wgrad_W2_bf16_dense X=1
 W2_c2m wgrad_W2_bf16_c2m X=1
 W2_c2m_noepi wgrad_W2_bf16_c2m MXTRAIN_GG_FAULT=noepi
-W2_c2m_rows wgrad_W2_bf16_c2m_rows X=1
+W13_dense wgrad_W13_bf16_dense X=1
+W13_c2m wgrad_W13_bf16_c2m X=1
+W13_c2m_noepi wgrad_W13_bf16_c2m MXTRAIN_GG_FAULT=noepi
+W2_c2m_bars2 wgrad_W2_bf16_c2m_bars2 X=1
 RUNS
     python3 scripts/ncu_table.py "${tables[@]}" | tee "$OUT/wgncu16_table.md"
     ;;

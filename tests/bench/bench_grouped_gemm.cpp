@@ -272,9 +272,8 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
     }
     if (op.kind == 2 && !g_trainer_wgrad && with_cluster) {
       // The recipe's gradient dtype (expert_grad_dtype=bfloat16) on both sides: one call storing a bf16 dW (the
-      // trainer's kernel, CTA pairs over m, the default, and over n; over m with the schedule's experts by
-      // decreasing rows, and with st.global stores) against cuBLASLt's dense GEMM of equal FLOPs storing bf16 (beta
-      // 0), the five in rotation.
+      // trainer's kernel and variants below) against cuBLASLt's dense GEMM of equal FLOPs storing bf16 (beta 0), all
+      // in rotation.
       // Each checked against the per-expert fp32 result: the one rounding, about 1e-3.
       mxt::sm90::set_grouped_l2_hints(-1);
       mxt::sm90::set_grouped_impl(mxt::sm90::GroupedImpl::Sm90);
@@ -286,16 +285,32 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       // (device_dist_checks.sh wgncu16).
       std::string tag = op.name;
       std::replace(tag.begin(), tag.end(), ' ', '_');
-      // by_rows: the schedule's experts by decreasing k-blocks (set_grouped_wgrad_order); direct: st.global from the
-      // registers instead of the TMA's boxes (set_grouped_wgrad_tma(0)). The same bits.
-      auto ours = [&, tag](int code, bool by_rows = false, bool direct = false) {
-        mxt::TraceScope range(tag + (code == 3 ? "_bf16_c2m" : "_bf16_c2n") + (by_rows ? "_rows" : "") +
-                              (direct ? "_direct" : ""));
-        mxt::sm90::use_cluster_code(code);
-        mxt::sm90::set_grouped_wgrad_order(by_rows ? 1 : 0);
-        mxt::sm90::set_grouped_wgrad_tma(direct ? 0 : -1);
+      // Variants of ours, each the same bits: c2n, CTA pairs over n (else over m, the trainer's); rows, the
+      // schedule's experts by decreasing k-blocks (set_grouped_wgrad_order); bars2, the epilogue's two named
+      // barriers per box, the form before session 61 (set_grouped_wgrad_epi_bars); direct, st.global from the
+      // registers instead of the TMA's boxes (set_grouped_wgrad_tma(0)).
+      struct Variant {
+        const char* tag;
+        const char* name;
+        int code, by_rows, bars, direct;
+      };
+      const Variant variants[] = {
+          {"_bf16_c2m", "c2m", 3, 0, -1, 0},
+          {"_bf16_c2m_bars2", "c2m, two barriers per epilogue box", 3, 0, 2, 0},
+          {"_bf16_c2m_rows", "c2m, experts by rows", 3, 1, -1, 0},
+          {"_bf16_c2n", "c2n", 2, 0, -1, 0},
+          {"_bf16_c2m_direct", "c2m, st.global", 3, 0, -1, 1},
+      };
+      constexpr int kVariants = static_cast<int>(sizeof(variants) / sizeof(variants[0]));
+      auto ours = [&, tag](const Variant& v) {
+        mxt::TraceScope range(tag + v.tag);
+        mxt::sm90::use_cluster_code(v.code);
+        mxt::sm90::set_grouped_wgrad_order(v.by_rows);
+        mxt::sm90::set_grouped_wgrad_epi_bars(v.bars);
+        mxt::sm90::set_grouped_wgrad_tma(v.direct ? 0 : -1);
         ops.grouped_gemm_wgrad_sets(one, b16.t, false);
         mxt::sm90::set_grouped_wgrad_order(-1);
+        mxt::sm90::set_grouped_wgrad_epi_bars(-1);
         mxt::sm90::set_grouped_wgrad_tma(-1);
       };
       auto dense_b16 = [&, tag] {
@@ -304,31 +319,28 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       };
       ops.zero(out2);
       loop(out2);
-      std::string notes[4];
-      for (int i = 0; i < 4; ++i) {
-        ours(i == 1 ? 2 : 3, i == 2, i == 3);
+      std::vector<std::string> notes;
+      std::vector<std::function<void()>> fns{dense_b16};
+      for (const Variant& v : variants) {
+        ours(v);
         const std::string path = mxt::sm90::last_grouped_impl();
         ops.copy(b16.t, out1);
         const double err = rel_l2_device(ops, out1, out2, acc2.t);
         char note[96];
         std::snprintf(note, sizeof(note), "rel L2 vs loop (fp32) %.2e%s; x dense: the dense row", err,
                       path == "sm90" ? "" : " (FELL BACK)");
-        notes[i] = note;
+        notes.push_back(note);
+        fns.push_back([&ours, &v] { ours(v); });
       }
       clocks_note();
-      const auto t = time_rotating(st, flush, flush_bytes, 3, runs,
-                                   {dense_b16, [&] { ours(3); }, [&] { ours(2); }, [&] { ours(3, true); },
-                                    [&] { ours(3, false, true); }});
+      const auto t = time_rotating(st, flush, flush_bytes, 3, runs, fns);
       add_row("cublasLt dense, bf16 dW stored, rotating", t[0], "");
       const double ref = rows.back().tflops;
-      add_row("sm90 128x256 c2m, bf16 dW stored, rotating", t[1], notes[0]);
-      rows.back().ref_tflops = ref;
-      add_row("sm90 128x256 c2n, bf16 dW stored, rotating", t[2], notes[1]);
-      rows.back().ref_tflops = ref;
-      add_row("sm90 128x256 c2m, bf16 dW stored, experts by rows, rotating", t[3], notes[2]);
-      rows.back().ref_tflops = ref;
-      add_row("sm90 128x256 c2m, bf16 dW stored, st.global, rotating", t[4], notes[3] + clocks_note());
-      rows.back().ref_tflops = ref;
+      for (int i = 0; i < kVariants; ++i) {
+        const std::string name = std::string("sm90 128x256 ") + variants[i].name + ", bf16 dW stored, rotating";
+        add_row(name.c_str(), t[i + 1], notes[i] + (i + 1 == kVariants ? clocks_note() : std::string()));
+        rows.back().ref_tflops = ref;
+      }
     }
     if (sustain_s > 0 && op.out == 2 * f) {  // the W13 GEMMs, each held for sustain_s seconds
       auto held = [&](const char* impl, int cl, const std::function<void()>& fn) {

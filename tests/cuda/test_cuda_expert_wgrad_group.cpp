@@ -40,6 +40,7 @@ struct Guard {
     sm90::set_grouped_wgrad_pair(-1);
     sm90::set_grouped_wgrad_group(-1);
     sm90::set_grouped_wgrad_order(-1);
+    sm90::set_grouped_wgrad_epi_bars(-1);
     sm90::record_wgrad_order(false);
     sm90::set_grouped_l2_hints(-1);
   }
@@ -584,6 +585,55 @@ TEST(CudaExpertWgradGroup, Bf16StoreIsTheRoundedF32Store) {
       EXPECT_EQ(download(*gpu, DW2), got);
     });
   }
+}
+
+// The bf16 store's epilogue with one named barrier per box (the default since session 61) against two (the form
+// before it): the same dW bits and the same norm, with and without the norm, at both tile widths and every cluster
+// code, over more tiles per CTA than the three boxes cycle through (each box reused across items), with an expert
+// that has no rows in any set (its zeros go through the boxes too).
+TEST(CudaExpertWgradGroup, Bf16EpilogueBarriersChangeNoBit) {
+  MXT_REQUIRE_SM90();
+  auto gpu = make_cuda_ops();
+  const int64_t out = 1280, in = 1536, E = 5;
+  std::vector<RowSet> sets{make_set({300, 0, 129, 64, 700}, 3, out, in, 900),
+                           make_set({33, 0, 400, 250, 5}, 0, out, in, 902)};
+  const DeviceSets dev(*gpu, sets, out, in);
+  const auto dw0 = randn(E * out * in, 904);
+  for (int bn : {256, 128})
+    for (int cl : {1, 2, 3})
+      for (bool with_norm : {false, true}) {
+        std::vector<float> first;
+        float first_norm = 0.f;
+        for (int bars : {2, 1}) {
+          SCOPED_TRACE("BN " + std::to_string(bn) + " cluster " + sm90::cluster_code_name(cl) +
+                       (with_norm ? " with norm" : " no norm") + " barriers " + std::to_string(bars));
+          Guard guard;
+          sm90::set_grouped_tile_n(bn);
+          sm90::use_cluster_code(cl);
+          sm90::set_grouped_wgrad_tma(1);
+          sm90::set_grouped_wgrad_epi_bars(bars);
+          auto DW = upload(*gpu, dw0, DType::BF16, {E, out, in});
+          auto ACC = upload(*gpu, std::vector<float>{0.5f}, DType::F32, {1});
+          sm90::note_grouped_impl("none");
+          if (with_norm)
+            gpu->grouped_gemm_wgrad_sets_norm(dev.sets, DW, ACC);
+          else
+            gpu->grouped_gemm_wgrad_sets(dev.sets, DW, false);
+          EXPECT_STREQ(sm90::last_grouped_impl(), "sm90");
+          const std::vector<float> got = download(*gpu, DW);
+          const float nrm = download(*gpu, ACC)[0];
+          for (int64_t i = out * in; i < 2 * out * in; ++i) ASSERT_EQ(got[i], 0.f) << "expert 1 has no rows";
+          if (bars == 2) {
+            first = got;
+            first_norm = nrm;
+            continue;
+          }
+          int64_t differ = 0;
+          for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &first[i], 4) != 0;
+          EXPECT_EQ(differ, 0) << "of " << got.size() << " dW values differ from the two-barrier form's";
+          EXPECT_EQ(std::memcmp(&nrm, &first_norm, 4), 0) << nrm << " against " << first_norm;
+        }
+      }
 }
 
 // Where the Hopper kernel does not run (here: the wmma implementation forced), a bf16 dW is made expert by expert
