@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -105,9 +106,12 @@ struct Timing {
 };
 
 // Median / min over `runs` timed calls of each of fns, each call after an L2-evicting memset; `warmup` untimed rounds
-// first. Run i calls them in rotation from fns[i mod n] (a b, b a, ... for two): timed in blocks, one after the
-// other, the first block runs on a cooler GPU at a higher clock under the power cap; in rotation they share the
-// clock and temperature, and none always goes first.
+// first. Each run calls them in its own shuffled order (a fixed seed): timed in blocks, one after the other, the
+// first block runs on a cooler GPU at a higher clock under the power cap; interleaved they share the clock and
+// temperature. Shuffled, not rotated: in a fixed rotation each call always follows the same one (session 62, H100:
+// W2's call that always followed cuBLASLt's measured 2.9% below the experts-by-rows call two places later, which
+// session 61 had timed 0.25% from it; shuffled, the two came within 0.3% twice), so none always goes first or always
+// follows the same call.
 inline std::vector<Timing> time_rotating(cudaStream_t st, void* flush, size_t flush_bytes, int warmup, int runs,
                                          const std::vector<std::function<void()>>& fns) {
   const int n = static_cast<int>(fns.size());
@@ -115,9 +119,13 @@ inline std::vector<Timing> time_rotating(cudaStream_t st, void* flush, size_t fl
     for (const auto& fn : fns) fn();
   std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(n) * runs);  // [run][fn][start, end]
   for (auto& e : ev) ck(cudaEventCreate(&e), "cudaEventCreate");
+  std::vector<int> order(n);
+  std::mt19937 rng(20261206);
   for (int i = 0; i < runs; ++i) {
+    for (int k = 0; k < n; ++k) order[k] = k;
+    std::shuffle(order.begin(), order.end(), rng);
     for (int k = 0; k < n; ++k) {
-      const int f = (i + k) % n;
+      const int f = order[k];
       ck(cudaMemsetAsync(flush, (n * i + k) & 0xFF, flush_bytes, st), "flush");
       ck(cudaEventRecord(ev[2 * (n * i + f)], st), "event");
       fns[f]();
