@@ -76,7 +76,8 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   const DType F = DType::F32;
   const DType moments = moments_dtype(cfg);
   for (const auto& [on, key] : {std::pair{expert_grad_dtype(cfg) == DType::BF16, "expert_grad_dtype=bfloat16"},
-                                {cfg.optimizer_store_param_remainders, "optimizer_store_param_remainders=true"}})
+                                {cfg.optimizer_store_param_remainders, "optimizer_store_param_remainders=true"},
+                                {cfg.lm_head_grad_dtype == "bfloat16", "lm_head_grad_dtype=bfloat16"}})
     if (on && ops.act_dtype() != DType::BF16)
       throw ConfigError(std::string(key) + " needs the CUDA bf16 backend; this run's backend computes in " +
                         dtype_name(ops.act_dtype()) + " (backend=" + cfg.backend + ")");
@@ -111,12 +112,8 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   state_.add(mb_.labels, "batch.labels", DType::I32, {T});
   state_.add(mb_.pos, "batch.pos", DType::I32, {T});
   if (cfg.dataset.sequence_packing) state_.add(mb_.doc_ids, "batch.doc_ids", DType::I32, {T});
-  if (cfg.lm_head_grad_dtype == "bfloat16") {
-    if (ops.act_dtype() != DType::BF16)
-      throw ConfigError(std::string("lm_head_grad_dtype=bfloat16 needs the CUDA bf16 backend; this run's backend "
-                                    "computes in ") + dtype_name(ops.act_dtype()) + " (backend=" + cfg.backend + ")");
+  if (cfg.lm_head_grad_dtype == "bfloat16")
     state_.add(head_grad_, "dense.lm_head_grad", DType::BF16, {layout_.find("lm_head.weight").numel});
-  }
   state_.add(loss_slots_, "loss_slots", F, {cfg.grad_acc_steps});
   state_.add(val_loss_, "val_loss", F, {1});
   state_.add(norm_acc_, "grad_norm_sq", F, {1});

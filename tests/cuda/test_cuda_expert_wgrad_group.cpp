@@ -96,6 +96,13 @@ struct DeviceSets {
   }
 };
 
+// How many values of a differ from b's in their bits (a and b the same length).
+int64_t bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], 4) != 0;
+  return n;
+}
+
 // The same on the device, with the kernel settings in force; asserts that the Hopper kernel ran.
 std::vector<float> gpu_sets(Ops& gpu, const std::vector<RowSet>& sets, int64_t out, int64_t in,
                             const std::vector<float>& dw0, bool accumulate) {
@@ -327,10 +334,9 @@ TEST(CudaExpertWgradGroup, LockstepChangesNoBit) {
             sm90::set_grouped_wgrad_lockstep(lockstep);
             got[lockstep] = gpu_sets(*gpu_ops, sets, out, in, dw0, accumulate);
           }
-          int64_t differ = 0;
-          for (size_t i = 0; i < got[0].size(); ++i) differ += std::memcmp(&got[0][i], &got[1][i], 4) != 0;
-          EXPECT_EQ(differ, 0) << "BN " << bn << " cluster " << cl << (gather ? " gathered" : " in place")
-                               << ": dW values differ with lockstep";
+          EXPECT_EQ(bits_differ(got[0], got[1]), 0)
+              << "BN " << bn << " cluster " << cl << (gather ? " gathered" : " in place")
+              << ": dW values differ with lockstep";
         }
       }
     }
@@ -368,9 +374,7 @@ TEST(CudaExpertWgradGroup, RasterGroupsGiveThePlainRastersSums) {
           plain = got;
           continue;
         }
-        int64_t differ = 0;
-        for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &plain[i], 4) != 0;
-        EXPECT_EQ(differ, 0) << "of " << got.size() << " dW values differ from the plain raster's";
+        EXPECT_EQ(bits_differ(got, plain), 0) << "of " << got.size() << " dW values differ from the plain raster's";
       }
     }
   }
@@ -449,12 +453,10 @@ TEST(CudaExpertWgradGroup, ExpertOrderGivesTheIndexOrdersSums) {
           norm_index = norm;
           continue;
         }
-        int64_t differ = 0;
-        for (size_t i = 0; i < acc.size(); ++i) differ += std::memcmp(&acc[i], &acc_index[i], 4) != 0;
-        EXPECT_EQ(differ, 0) << "of " << acc.size() << " accumulated dW values differ from the index order's";
-        differ = 0;
-        for (size_t i = 0; i < store.size(); ++i) differ += std::memcmp(&store[i], &store_index[i], 4) != 0;
-        EXPECT_EQ(differ, 0) << "of " << store.size() << " stored bf16 dW values differ from the index order's";
+        EXPECT_EQ(bits_differ(acc, acc_index), 0)
+            << "of " << acc.size() << " accumulated dW values differ from the index order's";
+        EXPECT_EQ(bits_differ(store, store_index), 0)
+            << "of " << store.size() << " stored bf16 dW values differ from the index order's";
         EXPECT_EQ(std::memcmp(&norm, &norm_index, 4), 0) << norm << " against " << norm_index;
       }
     }
@@ -628,9 +630,8 @@ TEST(CudaExpertWgradGroup, Bf16EpilogueBarriersChangeNoBit) {
             first_norm = nrm;
             continue;
           }
-          int64_t differ = 0;
-          for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &first[i], 4) != 0;
-          EXPECT_EQ(differ, 0) << "of " << got.size() << " dW values differ from the two-barrier form's";
+          EXPECT_EQ(bits_differ(got, first), 0)
+              << "of " << got.size() << " dW values differ from the two-barrier form's";
           EXPECT_EQ(std::memcmp(&nrm, &first_norm, 4), 0) << nrm << " against " << first_norm;
         }
       }
