@@ -6,7 +6,7 @@
 #     head beside HF. Two barriers per box is left out: on the H100 (call 2) it ran as fast as one in the step.
 set -u
 BIN=m/wip
-CALL_END=${CALL_END:-330}
+CALL_END=${CALL_END:-290}
 source scripts/device_call_lib.sh
 call_begin s63c3
 step 20 tests_bf16 -- m/wip/mxtrain_tests --gtest_filter='CudaExpertWgradGroup.Bf16*:CudaLmHeadGradBf16.*'
@@ -14,10 +14,10 @@ step 60 gg_wgrad -- m/wip/bench_grouped_gemm --no-wmma --shape 8x7B --ops wgrad 
 H=(--set lm_head_grad_dtype=bfloat16)
 trainer 160 hf_def 8x7B-2layer --hf
 for r in 1 2 3; do
-  trainer 230 head_$r 8x7B-2layer "${H[@]}"
-  trainer 230 def_$r 8x7B-2layer
+  trainer 200 head_$r 8x7B-2layer "${H[@]}"
+  trainer 200 def_$r 8x7B-2layer
 done
-trainer 268 hf_head 8x7B-2layer --hf "${H[@]}"
+trainer 220 hf_head 8x7B-2layer --hf "${H[@]}"
 call_end
 grep -h 'rotating' "$W/gg_wgrad.txt" | grep -v '^|' | sed 's/ \+/ /g' | cut -c1-150
 trainer_summary
