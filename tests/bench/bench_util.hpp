@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <random>
 #include <initializer_list>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
