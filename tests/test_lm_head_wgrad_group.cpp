@@ -183,13 +183,13 @@ TEST(LmHeadWgradGroup, PlanConfigAndWarnings) {
 }
 
 // lm_head_grad_dtype=bfloat16 (the LM head's gradient stored in bf16 by the step's one held-group GEMM): the memory
-// plan counts its 2 bytes per element beside the fp32 dense gradient, and a backend that computes in fp32 (here the
-// CPU) is a config error naming the key; the training run is tested on the GPU.
+// plan counts 2 bytes per head element where the fp32 dense gradient had 4, and a backend that computes in fp32
+// (here the CPU) is a config error naming the key; the training run is tested on the GPU.
 TEST(LmHeadWgradGroup, Bf16GradIsPlannedAndNeedsTheCudaBackend) {
   TrainConfig f32 = config(2, 2), b16 = config(2, 2);
   b16.lm_head_grad_dtype = "bfloat16";
   const MemoryPlan pf = plan_memory(f32, DType::BF16), pb = plan_memory(b16, DType::BF16);
-  EXPECT_EQ(pb.param_bytes - pf.param_bytes, static_cast<size_t>(b16.model.vocab_size * b16.model.hidden_size) * 2);
+  EXPECT_EQ(pf.param_bytes - pb.param_bytes, static_cast<size_t>(b16.model.vocab_size * b16.model.hidden_size) * 2);
   auto ops = make_cpu_ops();
   try {
     Trainer t(b16, *ops, embedded_corpus_tokens());

@@ -133,7 +133,7 @@ class Trainer {
   Arena state_;  // parameters, optimizer state, batch inputs, scalars
   FlatParams dense_, expert_;
   // lm_head_grad_dtype=bfloat16: the LM head's gradient, stored there by its one GEMM per step instead of in its
-  // slice of dense_.grad (which stays allocated and unused); the norm and AdamW read it in bf16.
+  // slice of dense_.grad (which then ends where the head begins); the norm and AdamW read it in bf16.
   Tensor head_grad_;
   ParamShard dense_shard_, expert_shard_;  // ZeRO-1 over the world (dense) and the DP group (experts)
   MicroBatch mb_;

@@ -98,7 +98,11 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
       state_.add(fp->rem, p + "master_remainder", DType::I16, {sh.numel});
     else
       state_.add(fp->master, p + "master", F, {sharded ? sh.shard : sh.padded});
-    state_.add(fp->grad, p + "grad", fp == &dense_ ? F : expert_grad_dtype(cfg), {sh.padded});
+    // A bf16 LM-head gradient (one rank; the head is the last dense parameter) lives in head_grad_, so the fp32
+    // dense gradient stops where the head begins.
+    const int64_t grad_numel =
+        fp == &dense_ && cfg.lm_head_grad_dtype == "bfloat16" ? layout_.find("lm_head.weight").offset : sh.padded;
+    state_.add(fp->grad, p + "grad", fp == &dense_ ? F : expert_grad_dtype(cfg), {grad_numel});
     state_.add(fp->adam_m, p + "adam_m", moments, {sh.shard});
     state_.add(fp->adam_v, p + "adam_v", moments, {sh.shard});
     fp->shard_offset = sh.offset;
@@ -419,13 +423,15 @@ StepResult Trainer::train_step() {
     reduce_scatter_grads(dense_shard_, dense_.grad);
     reduce_scatter_grads(expert_shard_, expert_.grad);
   }
-  const Tensor dense_g = dense_.grad.rows(dense_shard_.offset, dense_shard_.shard);
-  const Tensor expert_g = expert_.grad.rows(expert_shard_.offset, expert_shard_.shard);
   // With a bf16 LM-head gradient (one rank, no padding; the head is the last dense parameter) the dense gradient is
-  // dense_.grad's [0, head) and head_grad_.
+  // dense_.grad, which ends where the head begins, and head_grad_.
   const int64_t head_at = head_grad_.data != nullptr ? layout_.find("lm_head.weight").offset : 0;
-  if (head_grad_.data != nullptr && head_at + head_grad_.numel() != dense_g.numel())
+  if (head_grad_.data != nullptr &&
+      (dense_shard_.comm != nullptr || head_at + head_grad_.numel() != dense_shard_.padded))
     throw std::logic_error("a bf16 LM-head gradient must end the unsharded dense gradient");
+  const Tensor dense_g = head_grad_.data != nullptr ? dense_.grad
+                                                    : dense_.grad.rows(dense_shard_.offset, dense_shard_.shard);
+  const Tensor expert_g = expert_.grad.rows(expert_shard_.offset, expert_shard_.shard);
   // The shards are disjoint and together cover every dense element once and every expert once.
   if (head_grad_.data != nullptr) {
     ops_.sum_squares(dense_g.rows(0, head_at), norm_acc_);
@@ -696,7 +702,7 @@ void Trainer::dump_first_batch(const std::string& dir) {
   const double ce = loss_sum / static_cast<double>(std::max<int64_t>(1, n_valid_));
 
   std::vector<float> gd(layout_.dense_numel), ge(layout_.expert_numel);
-  ops_.download(gd.data(), dense_.grad.data, gd.size() * sizeof(float));
+  ops_.download(gd.data(), dense_.grad.data, static_cast<size_t>(dense_.grad.numel()) * sizeof(float));
   if (head_grad_.data != nullptr) {
     const ParamInfo& head = layout_.find("lm_head.weight");
     download_f32(ops_, head_grad_, 0, head.numel, gd.data() + head.offset);
@@ -782,8 +788,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, DType act_dtype) {
   };
   p.param_bytes = dense_bytes(layout.dense_numel) + bytes(layout.expert_numel, cfg.parallelism.dp_size, expert_working,
                                                           dtype_size(expert_grad_dtype(cfg)));
-  if (cfg.lm_head_grad_dtype == "bfloat16")  // beside the dense fp32 gradient, whose head slice stays unused
-    p.param_bytes += static_cast<size_t>(cfg.model.vocab_size * cfg.model.hidden_size) * 2;
+  if (cfg.lm_head_grad_dtype == "bfloat16")  // in bf16 instead of in the dense fp32 gradient
+    p.param_bytes -= static_cast<size_t>(cfg.model.vocab_size * cfg.model.hidden_size) * 2;
   p.expert_working_bytes = static_cast<size_t>(layout.expert_numel) * expert_working;
   p.act_dtype = act_dtype;
   const ExpertParallel ep{nullptr, nullptr, 0, static_cast<int>(cfg.parallelism.ep_size),
@@ -844,7 +850,7 @@ std::string format_memory_plan(const TrainConfig& cfg, const MemoryPlan& p) {
       cfg.parallelism.ep_size, cfg.parallelism.dp_size, cfg.dataset.micro_batch_size, cfg.dataset.max_seq_length,
       act, p.dense_params / 1e9, p.expert_params / 1e9, local_experts(cfg), cfg.model.num_local_experts,
       std::string(cfg.expert_grad_dtype == "bfloat16" ? " (the experts' in bf16)" : "") +
-          (cfg.lm_head_grad_dtype == "bfloat16" ? " (the LM head's in bf16, beside its unused fp32 slice)" : "") +
+          (cfg.lm_head_grad_dtype == "bfloat16" ? " (the LM head's in bf16)" : "") +
           (cfg.optimizer_store_param_remainders ? " (unsharded masters: working copy + 16-bit remainder)" : ""),
       working, gib(p.param_bytes),
       cfg.adamw_moments_dtype, world, sharded ? " with its fp32 master" : "", cfg.parallelism.dp_size,
