@@ -76,12 +76,13 @@ trainer() {
   t "trainer $name rc $?"
 }
 
-# The trainer runs' result lines (tok/s table row, SM clocks) one per run.
+# The trainer runs' result lines, one per run: the tok/s table's row, then each run's median SM clock (ours, HF).
 trainer_summary() {
   local f
   for f in "$W"/tr_*.txt; do
     [ -f "$f" ] || continue
-    echo "$(basename "$f" .txt): $(grep '^| 8x\|^| L0' "$f" | head -1 | cut -c1-110) $(grep -o '[0-9]* MHz[^|]*' "$f" | head -2 | tr '\n' ' ')"
+    echo "$(basename "$f" .txt): $(grep '^| 8x\|^| L0' "$f" | tail -1 | cut -c1-110) MHz: $(grep '^| 8x\|^| L0' "$f" |
+      grep '% |$' | awk -F'|' '{printf "%s", $4}')"
   done
 }
 
