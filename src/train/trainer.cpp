@@ -87,6 +87,15 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
   // Over several ranks the dense fp32 master is sharded like its AdamW moments: each rank keeps the shard it
   // updates, and the working copy (padded, in the activation dtype; fp32 on the CPU backend) is all-gathered.
   dense_master_sharded_ = dense_shard_.comm != nullptr;
+  // A bf16 LM-head gradient lives in head_grad_, and the fp32 dense gradient stops where the head begins: that
+  // needs one rank and the head last among the dense parameters.
+  int64_t dense_grad_numel = dense_shard_.padded;
+  if (cfg.lm_head_grad_dtype == "bfloat16") {
+    const ParamInfo& head = layout_.find("lm_head.weight");
+    if (dense_shard_.comm != nullptr || head.offset + head.numel != dense_shard_.padded)
+      throw std::logic_error("a bf16 LM-head gradient must end the unsharded dense gradient");
+    dense_grad_numel = head.offset;
+  }
   for (auto* fp : {&dense_, &expert_}) {
     const ParamShard& sh = fp == &dense_ ? dense_shard_ : expert_shard_;
     const std::string p = fp == &dense_ ? "dense." : "expert.";
@@ -98,11 +107,8 @@ Trainer::Trainer(const TrainConfig& cfg, Ops& ops, Corpus tokens, std::shared_pt
       state_.add(fp->rem, p + "master_remainder", DType::I16, {sh.numel});
     else
       state_.add(fp->master, p + "master", F, {sharded ? sh.shard : sh.padded});
-    // A bf16 LM-head gradient (one rank; the head is the last dense parameter) lives in head_grad_, so the fp32
-    // dense gradient stops where the head begins.
-    const int64_t grad_numel =
-        fp == &dense_ && cfg.lm_head_grad_dtype == "bfloat16" ? layout_.find("lm_head.weight").offset : sh.padded;
-    state_.add(fp->grad, p + "grad", fp == &dense_ ? F : expert_grad_dtype(cfg), {grad_numel});
+    state_.add(fp->grad, p + "grad", fp == &dense_ ? F : expert_grad_dtype(cfg),
+               {fp == &dense_ ? dense_grad_numel : sh.padded});
     state_.add(fp->adam_m, p + "adam_m", moments, {sh.shard});
     state_.add(fp->adam_v, p + "adam_v", moments, {sh.shard});
     fp->shard_offset = sh.offset;
@@ -423,22 +429,14 @@ StepResult Trainer::train_step() {
     reduce_scatter_grads(dense_shard_, dense_.grad);
     reduce_scatter_grads(expert_shard_, expert_.grad);
   }
-  // With a bf16 LM-head gradient (one rank, no padding; the head is the last dense parameter) the dense gradient is
-  // dense_.grad, which ends where the head begins, and head_grad_.
-  const int64_t head_at = head_grad_.data != nullptr ? layout_.find("lm_head.weight").offset : 0;
-  if (head_grad_.data != nullptr &&
-      (dense_shard_.comm != nullptr || head_at + head_grad_.numel() != dense_shard_.padded))
-    throw std::logic_error("a bf16 LM-head gradient must end the unsharded dense gradient");
-  const Tensor dense_g = head_grad_.data != nullptr ? dense_.grad
-                                                    : dense_.grad.rows(dense_shard_.offset, dense_shard_.shard);
+  // With a bf16 LM-head gradient (one rank, no padding) the dense gradient is dense_.grad, which ends where the
+  // head begins, and then head_grad_.
+  const bool head_bf16 = head_grad_.data != nullptr;
+  const Tensor dense_g = head_bf16 ? dense_.grad : dense_.grad.rows(dense_shard_.offset, dense_shard_.shard);
   const Tensor expert_g = expert_.grad.rows(expert_shard_.offset, expert_shard_.shard);
   // The shards are disjoint and together cover every dense element once and every expert once.
-  if (head_grad_.data != nullptr) {
-    ops_.sum_squares(dense_g.rows(0, head_at), norm_acc_);
-    ops_.sum_squares(head_grad_, norm_acc_);
-  } else {
-    ops_.sum_squares(dense_g, norm_acc_);
-  }
+  ops_.sum_squares(dense_g, norm_acc_);
+  if (head_bf16) ops_.sum_squares(head_grad_, norm_acc_);
   if (!expert_norm_in_wgrad_) ops_.sum_squares(expert_g, norm_acc_);
   float norm_sq = 0;
   ops_.download(&norm_sq, norm_acc_.data, sizeof(float));
@@ -473,9 +471,9 @@ StepResult Trainer::train_step() {
       ops_.adamw_step_to(whole ? dense_master : dense_master.rows(begin, n), g, m, v, s,
                          whole || dense_w.data == nullptr ? dense_w : dense_w.rows(begin, n));
   };
-  if (head_grad_.data != nullptr) {
-    dense_adamw(0, head_at, dense_g.rows(0, head_at), false);
-    dense_adamw(head_at, head_grad_.numel(), head_grad_, false);
+  if (head_bf16) {
+    dense_adamw(0, dense_g.numel(), dense_g, false);
+    dense_adamw(dense_g.numel(), head_grad_.numel(), head_grad_, false);
   } else {
     dense_adamw(0, dense_g.numel(), dense_g, true);
   }
