@@ -10,7 +10,8 @@
 #  2. the single wgrad call beside cuBLASLt, 12 rotations (rows: c2m, experts by rows, stmatrix, both, ...);
 #  3. 8x7B 2 layers, ours only: index / rows / stmatrix / rows + stmatrix in turn, three rounds;
 #  4. the bench again, 12 rotations; 5. 8x7B beside HF once (main's defaults) for the ratio of the day.
-# On a card under 120 GiB (an H100) the 8x7B steps are skipped: they plan 102.8 GiB.
+# The 8x7B step plans 75.4 GiB (measured peak 75.40, session 64), so it runs on an H100's 80 GB too (an H100's
+# figures are not the criterion's card); only a card under 80,000 MiB skips it.
 set -u
 BIN=m/stm
 CALL_END=${CALL_END:-430}
@@ -20,8 +21,8 @@ step 90 tests_stm -- m/stm/mxtrain_tests --gtest_filter='CudaExpertWgradGroup.*:
 step 70 gg_wgrad_1 -- m/stm/bench_grouped_gemm --no-wmma --shape 8x7B --ops wgrad --runs 12
 mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
 big=0
-[ "${mib:-0}" -ge 120000 ] && big=1
-[ $big = 1 ] || t "trainer runs skipped: ${mib:-no} MiB on this card, the step plans 102.8 GiB"
+[ "${mib:-0}" -ge 80000 ] && big=1
+[ $big = 1 ] || t "trainer runs skipped: ${mib:-no} MiB on this card, the step plans 75.4 GiB"
 if [ $big = 1 ]; then
   for r in 1 2 3; do
     trainer 260 index_$r 8x7B-2layer MXTRAIN_GG_WGRAD_ORDER=index MXTRAIN_GG_WGRAD_EPI_STORE=words
