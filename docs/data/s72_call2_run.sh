@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 72, call 2 (prepared for the next H200, needs_h200; not run in session 72): the bf16 wgrad epilogue's
-# boxes written by stmatrix.x4, and the experts-by-rows order, each against main's defaults.
+# Session 72, call 2 (prepared for the next H200, needs_h200, or an H100; not run in session 72; it supersedes
+# s70_call1_run.sh and s72_call1_run.sh, which never ran and are removed): the bf16 wgrad epilogue's
+# boxes written by stmatrix.x2, and the experts-by-rows order, each against main's defaults.
 # Pack: one build, branch wip/s72-stmatrix (dafb247 = main 49bca16 plus the stmatrix form as an option; also
 # docs/data/s72_wip_wgrad_epi_stmatrix.patch), as `stm` (26 MB):
 #   bash scripts/pack_devbin.sh --only mxtrain_tests,bench_grouped_gemm devbin/bins.tgz stm=<branch build>
@@ -20,10 +21,10 @@ call_begin s72c2
 step 90 tests_stm -- m/stm/mxtrain_tests --gtest_filter='CudaExpertWgradGroup.*:CudaGroupedGemm*:CudaMoe*'
 step 70 gg_wgrad_1 -- m/stm/bench_grouped_gemm --no-wmma --shape 8x7B --ops wgrad --runs 12
 mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
-big=0
-[ "${mib:-0}" -ge 80000 ] && big=1
-[ $big = 1 ] || t "trainer runs skipped: ${mib:-no} MiB on this card, the step plans 75.4 GiB"
-if [ $big = 1 ]; then
+big=false
+[ "${mib:-0}" -ge 80000 ] && big=true
+$big || t "trainer runs skipped: ${mib:-no} MiB on this card, the step plans 75.4 GiB"
+if $big; then
   for r in 1 2 3; do
     trainer 260 index_$r 8x7B-2layer MXTRAIN_GG_WGRAD_ORDER=index MXTRAIN_GG_WGRAD_EPI_STORE=words
     trainer 260 rows_$r 8x7B-2layer MXTRAIN_GG_WGRAD_ORDER=rows MXTRAIN_GG_WGRAD_EPI_STORE=words
@@ -32,7 +33,7 @@ if [ $big = 1 ]; then
   done
 fi
 step 70 gg_wgrad_2 -- m/stm/bench_grouped_gemm --no-wmma --shape 8x7B --ops wgrad --runs 12
-[ $big = 1 ] && trainer 330 hf_1 8x7B-2layer --hf
+$big && trainer 330 hf_1 8x7B-2layer --hf
 call_end
 cat "$W/gpu.txt"
 for f in gg_wgrad_1 gg_wgrad_2; do
