@@ -180,6 +180,7 @@ struct Params {
   int32_t tail;     // wgrad: a row set's last k-block of an expert (WgradTail)
   int32_t odd_tail;   // fwd / dgrad, CTA pairs: an odd last m-tile over two n-tiles (MXTRAIN_GG_ODD_TAIL=pair)
   int32_t epi_one_bar;  // wgrad storing bf16 through TMA boxes: one named barrier per box (else two)
+  int32_t epi_stmatrix;  // wgrad storing bf16 through TMA boxes: each warp's rows of a box by stmatrix.x2
   int32_t tma_store;  // fwd / dgrad: 64-row halves inside the expert leave through TMA stores (tmC); wgrad: the
                       // tile leaves through TMA reduce-adds / stores, else red.global / st.global from registers
   void* out;        // y / dx (bf16, [R, N]) or dW (f32, [E, M, N]); forward + SwiGLU: h13 (bf16, [R, 2N])
@@ -810,8 +811,16 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
         // after this one is free (its use kEpiBufs ago read by the TMA), so after it every thread may write that
         // box; the first box of a CTA was never used. Else two (session 58's form): free box, then written box.
         // The norm's squares are a compile-time branch, so a call without the norm issues none of them.
-        auto store_boxes = [&](auto with_norm) {
-          constexpr bool kNorm = decltype(with_norm)::value;
+        // With Params::epi_stmatrix, a warp writes its 16 rows of a box in four stmatrix.x2 instead of eight
+        // st.shared.b32 (sm90_epi_layout.hpp: the same bytes, the same rounding and norm order).
+        auto store_boxes = [&](auto with_norm, auto with_stm) {
+          constexpr bool kNorm = decltype(with_norm)::value, kStm = decltype(with_stm)::value;
+          static_assert(!kStm || kEpiCols == 16, "stmatrix form: a box row is 32 bf16, four 16-byte pieces");
+          uint32_t so = 0;
+          if constexpr (kStm) {
+            so = stmatrix_box_offset(warp, lane, 0);
+            asm volatile("" : "+r"(so));
+          }
 #pragma unroll
           for (int c = 0; c < BN / (2 * kEpiCols); ++c) {
             const int b = epi_box;
@@ -821,11 +830,23 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
               named_barrier_sync(bar_id, 128);
             }
             const uint32_t box = boxes + b * kEpiBox;
+            if constexpr (kStm) {
+              __syncwarp();  // stmatrix is .aligned: the warp converged after thread 0's TMA issue above
 #pragma unroll
-            for (int jj = 0; jj < kEpiCols / 4; ++jj) {
-              const int q = 4 * (c * (kEpiCols / 4) + jj), word = 4 * jj + lane % 4;
-              st_shared_b32(box + sw64_offset(r0, word), bf16x2_norm(acc[q], acc[q + 1], sq, kNorm));
-              st_shared_b32(box + sw64_offset(r0 + 8, word), bf16x2_norm(acc[q + 2], acc[q + 3], sq, kNorm));
+              for (int jj = 0; jj < kEpiCols / 4; ++jj) {
+                const int ia = 4 * c * (kEpiCols / 4) + stmatrix_acc(jj, 0);
+                const int ib = 4 * c * (kEpiCols / 4) + stmatrix_acc(jj, 1);
+                const uint32_t va = bf16x2_norm(acc[ia], acc[ia + 1], sq, kNorm);
+                const uint32_t vb = bf16x2_norm(acc[ib], acc[ib + 1], sq, kNorm);
+                stmatrix_x2((box + so) ^ (16u * jj), va, vb);
+              }
+            } else {
+#pragma unroll
+              for (int jj = 0; jj < kEpiCols / 4; ++jj) {
+                const int q = 4 * (c * (kEpiCols / 4) + jj), word = 4 * jj + lane % 4;
+                st_shared_b32(box + sw64_offset(r0, word), bf16x2_norm(acc[q], acc[q + 1], sq, kNorm));
+                st_shared_b32(box + sw64_offset(r0 + 8, word), bf16x2_norm(acc[q + 2], acc[q + 3], sq, kNorm));
+              }
             }
             fence_proxy_async_smem();
             if (p.epi_one_bar && wt == 0) CK_TIMED(bulk_wait_group_read<kEpiBufs - 2>());
@@ -837,10 +858,15 @@ __device__ __forceinline__ void consume(const CUtensorMap* mC, const SetMaps* sm
           }
         };
         if (norm) {
-          store_boxes(std::true_type{});
+          if (p.epi_stmatrix)
+            store_boxes(std::true_type{}, std::true_type{});
+          else
+            store_boxes(std::true_type{}, std::false_type{});
           store_norm_slot<BN>(p, it.e, it.m0, it.n0, sq, cw * 4 + warp, lane);
+        } else if (p.epi_stmatrix) {
+          store_boxes(std::false_type{}, std::true_type{});
         } else {
-          store_boxes(std::false_type{});
+          store_boxes(std::false_type{}, std::false_type{});
         }
         continue;
       }
@@ -1164,6 +1190,7 @@ std::atomic<int> g_wgrad_pair{-1};  // -1: env, 0: pairs over n-tiles (share dy)
 std::atomic<int> g_tail_split{-1};  // -1: env, else the most parts of a split unit (< 2: off)
 std::atomic<int> g_wgrad_group{-1};  // -1: env, else fast units per raster group (0: one group)
 std::atomic<int> g_wgrad_epi_bars{-1};  // -1: env, else barriers per bf16 epilogue box (1 or 2)
+std::atomic<int> g_wgrad_epi_stm{-1};   // -1: env, 0: st.shared words, 1: stmatrix (bf16 epilogue boxes)
 std::atomic<int> g_wgrad_order{-1};  // -1: env, 0: experts in index order, 1: by decreasing k-blocks
 std::atomic<bool> g_record_order{false};  // tests: the wgrad launches write their expert order to g_dev_order
 __device__ int32_t g_dev_order[kMaxExperts];
@@ -1336,6 +1363,17 @@ int wgrad_epi_bars() {
   const int o = g_wgrad_epi_bars.load();
   if (o >= 0) return o;
   static const int v = env_choice("MXTRAIN_GG_WGRAD_EPI_BARS", {"1", "2"}) + 1;
+  return v;
+}
+
+// Wgrad storing bf16 through the TMA: a warp's 16 rows of a 64 x 32 box by four stmatrix.x2 (env
+// MXTRAIN_GG_WGRAD_EPI_STORE=stmatrix) or by eight st.shared.b32 (words, the default until measured). Session 72
+// (no GPU): half the epilogue's shared-store instructions, for the W2 call whose epilogue ncu puts at 9.5% of its
+// cycles. The same bits either way.
+bool wgrad_epi_stmatrix() {
+  const int o = g_wgrad_epi_stm.load();
+  if (o >= 0) return o == 1;
+  static const bool v = env_choice("MXTRAIN_GG_WGRAD_EPI_STORE", {"words", "stmatrix"}) == 1;
   return v;
 }
 
@@ -1683,6 +1721,12 @@ void set_grouped_wgrad_epi_bars(int bars) {
     cuda::fail("grouped_gemm_wgrad", "epilogue barriers per box must be -1 (env), 1 or 2, got " + std::to_string(bars));
   g_wgrad_epi_bars.store(bars);
 }
+void set_grouped_wgrad_epi_stmatrix(int on) {
+  if (on < -1 || on > 1)
+    cuda::fail("grouped_gemm_wgrad", "epilogue stmatrix must be -1 (env), 0 (words) or 1 (stmatrix), got " +
+                                         std::to_string(on));
+  g_wgrad_epi_stm.store(on);
+}
 void set_grouped_wgrad_order(int by_rows) {
   if (by_rows < -1 || by_rows > 1)
     cuda::fail("grouped_gemm_wgrad", "expert order must be -1 (env), 0 (index) or 1 (rows), got " +
@@ -1860,6 +1904,7 @@ bool try_grouped_wgrad(const WgradRows* given, int ngiven, int64_t E, int64_t ou
     }
     p.tma_store = wgrad_tma_epilogue() ? 1 : 0;
     p.epi_one_bar = wgrad_epi_bars() == 1 ? 1 : 0;
+    p.epi_stmatrix = wgrad_epi_stmatrix() ? 1 : 0;
     p.fault = fault_injection();
     p.tail = p.fault == 2 ? kTailNone : wgrad_tail_mode();
     p.out = dW;

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "sm90_epi_layout.hpp"
+
 namespace mxt::sm90 {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -199,20 +201,16 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
 __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
+// Two 8 x 8 b16 matrices in one warp instruction: register i of each thread holds the (row lane / 4, columns
+// 2 * (lane % 4), + 1) pair of matrix i (the mma accumulators' layout), and lane 8i + r the address of matrix i's
+// row r (16 contiguous bytes).
+__device__ __forceinline__ void stmatrix_x2(uint32_t addr, uint32_t r0, uint32_t r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.shared.b16 [%0], {%1, %2};" ::"r"(addr), "r"(r0), "r"(r1) : "memory");
+}
 // (a, b) += at p, 8-byte aligned: an L2 reduction the thread does not wait for.
 __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
-// Byte offset of 4-byte word `col` of row `row` in a box of 64-byte rows as TMA's 64-byte swizzle lays it out: the
-// 16-byte pieces of a row are XORed with bits 7-8 of the row's offset (row / 2 % 4).
-__device__ __forceinline__ uint32_t sw64_offset(int row, int col) {
-  return static_cast<uint32_t>(row * 64 + ((((col >> 2) ^ (row >> 1)) & 3) << 4) + (col & 3) * 4);
-}
-// The same in a box of 128-byte rows under the 128-byte swizzle: the pieces are XORed with row % 8.
-__device__ __forceinline__ uint32_t sw128_offset(int row, int col) {
-  return static_cast<uint32_t>(row * 128 + ((((col >> 2) ^ row) & 7) << 4) + (col & 3) * 4);
-}
-
 // ---- TMA stores from shared memory (bulk async-groups) ---------------------------------------------------
 
 // global[box at {c0, c1, c2}] += smem box (f32 add, performed by the TMA unit; elements past the tensor's bounds

@@ -288,18 +288,21 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       // Variants of ours, each the same bits: c2n, CTA pairs over n (else over m, the trainer's); rows, the
       // schedule's experts by decreasing k-blocks (set_grouped_wgrad_order); bars2, the epilogue's two named
       // barriers per box, the form before session 61 (set_grouped_wgrad_epi_bars); direct, st.global from the
-      // registers instead of the TMA's boxes (set_grouped_wgrad_tma(0)).
+      // registers instead of the TMA's boxes (set_grouped_wgrad_tma(0)); stmatrix, the boxes written by stmatrix.x4
+      // (set_grouped_wgrad_epi_stmatrix).
       struct Variant {
         const char* tag;
         const char* name;
-        int code, by_rows, bars, direct;
+        int code, by_rows, bars, direct, stm;
       };
       const Variant variants[] = {
-          {"_bf16_c2m", "c2m", 3, 0, -1, 0},
-          {"_bf16_c2m_bars2", "c2m, two barriers per epilogue box", 3, 0, 2, 0},
-          {"_bf16_c2m_rows", "c2m, experts by rows", 3, 1, -1, 0},
-          {"_bf16_c2n", "c2n", 2, 0, -1, 0},
-          {"_bf16_c2m_direct", "c2m, st.global", 3, 0, -1, 1},
+          {"_bf16_c2m", "c2m", 3, 0, -1, 0, 0},
+          {"_bf16_c2m_bars2", "c2m, two barriers per epilogue box", 3, 0, 2, 0, 0},
+          {"_bf16_c2m_rows", "c2m, experts by rows", 3, 1, -1, 0, 0},
+          {"_bf16_c2m_stm", "c2m, stmatrix", 3, 0, -1, 0, 1},
+          {"_bf16_c2m_rows_stm", "c2m, experts by rows, stmatrix", 3, 1, -1, 0, 1},
+          {"_bf16_c2n", "c2n", 2, 0, -1, 0, 0},
+          {"_bf16_c2m_direct", "c2m, st.global", 3, 0, -1, 1, 0},
       };
       constexpr int kVariants = static_cast<int>(sizeof(variants) / sizeof(variants[0]));
       auto ours = [&, tag](const Variant& v) {
@@ -307,10 +310,12 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
         mxt::sm90::use_cluster_code(v.code);
         mxt::sm90::set_grouped_wgrad_order(v.by_rows);
         mxt::sm90::set_grouped_wgrad_epi_bars(v.bars);
+        mxt::sm90::set_grouped_wgrad_epi_stmatrix(v.stm);
         mxt::sm90::set_grouped_wgrad_tma(v.direct ? 0 : -1);
         ops.grouped_gemm_wgrad_sets(one, b16.t, false);
         mxt::sm90::set_grouped_wgrad_order(-1);
         mxt::sm90::set_grouped_wgrad_epi_bars(-1);
+        mxt::sm90::set_grouped_wgrad_epi_stmatrix(-1);
         mxt::sm90::set_grouped_wgrad_tma(-1);
       };
       auto dense_b16 = [&, tag] {

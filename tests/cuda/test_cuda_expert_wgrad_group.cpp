@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "cuda_context.cuh"
@@ -41,6 +42,7 @@ struct Guard {
     sm90::set_grouped_wgrad_group(-1);
     sm90::set_grouped_wgrad_order(-1);
     sm90::set_grouped_wgrad_epi_bars(-1);
+    sm90::set_grouped_wgrad_epi_stmatrix(-1);
     sm90::record_wgrad_order(false);
     sm90::set_grouped_l2_hints(-1);
   }
@@ -589,11 +591,12 @@ TEST(CudaExpertWgradGroup, Bf16StoreIsTheRoundedF32Store) {
   }
 }
 
-// The bf16 store's epilogue with one named barrier per box (the default since session 61) against two (the form
-// before it): the same dW bits and the same norm, with and without the norm, at both tile widths and every cluster
-// code, over more tiles per CTA than the three boxes cycle through (each box reused across items), with an expert
-// that has no rows in any set (its zeros go through the boxes too) and dW rows that end 24 rows into the last tile.
-TEST(CudaExpertWgradGroup, Bf16EpilogueBarriersChangeNoBit) {
+// The bf16 store's epilogue forms: one named barrier per box (the default since session 61) or two (the form before
+// it), each with per-word st.shared or stmatrix writes (session 72): the same dW bits and the same norm as two
+// barriers with words, with and without the norm, at both tile widths and every cluster code, over more tiles per
+// CTA than the three boxes cycle through (each box reused across items), with an expert that has no rows in any set
+// (its zeros go through the boxes too) and dW rows that end 24 rows into the last tile.
+TEST(CudaExpertWgradGroup, Bf16EpilogueFormsChangeNoBit) {
   MXT_REQUIRE_SM90();
   auto gpu = make_cuda_ops();
   const int64_t out = 1304, in = 1536, E = 5;
@@ -606,14 +609,16 @@ TEST(CudaExpertWgradGroup, Bf16EpilogueBarriersChangeNoBit) {
       for (bool with_norm : {false, true}) {
         std::vector<float> first;
         float first_norm = 0.f;
-        for (int bars : {2, 1}) {
+        for (const auto& [bars, stm] : {std::pair{2, 0}, std::pair{1, 0}, std::pair{1, 1}, std::pair{2, 1}}) {
           SCOPED_TRACE("BN " + std::to_string(bn) + " cluster " + sm90::cluster_code_name(cl) +
-                       (with_norm ? " with norm" : " no norm") + " barriers " + std::to_string(bars));
+                       (with_norm ? " with norm" : " no norm") + " barriers " + std::to_string(bars) +
+                       (stm ? " stmatrix" : " words"));
           Guard guard;
           sm90::set_grouped_tile_n(bn);
           sm90::use_cluster_code(cl);
           sm90::set_grouped_wgrad_tma(1);
           sm90::set_grouped_wgrad_epi_bars(bars);
+          sm90::set_grouped_wgrad_epi_stmatrix(stm);
           auto DW = upload(*gpu, dw0, DType::BF16, {E, out, in});
           auto ACC = upload(*gpu, std::vector<float>{0.5f}, DType::F32, {1});
           sm90::note_grouped_impl("none");
@@ -625,13 +630,13 @@ TEST(CudaExpertWgradGroup, Bf16EpilogueBarriersChangeNoBit) {
           const std::vector<float> got = download(*gpu, DW);
           const float nrm = download(*gpu, ACC)[0];
           for (int64_t i = out * in; i < 2 * out * in; ++i) ASSERT_EQ(got[i], 0.f) << "expert 1 has no rows";
-          if (bars == 2) {
+          if (bars == 2 && !stm) {
             first = got;
             first_norm = nrm;
             continue;
           }
           EXPECT_EQ(bits_differ(got, first), 0)
-              << "of " << got.size() << " dW values differ from the two-barrier form's";
+              << "of " << got.size() << " dW values differ from the two-barrier per-word form's";
           EXPECT_EQ(std::memcmp(&nrm, &first_norm, 4), 0) << nrm << " against " << first_norm;
         }
       }
