@@ -1366,14 +1366,14 @@ int wgrad_epi_bars() {
   return v;
 }
 
-// Wgrad storing bf16 through the TMA: a warp's 16 rows of a 64 x 32 box by four stmatrix.x2 (env
-// MXTRAIN_GG_WGRAD_EPI_STORE=stmatrix) or by eight st.shared.b32 (words, the default until measured). Session 72
-// (no GPU): half the epilogue's shared-store instructions, for the W2 call whose epilogue ncu puts at 9.5% of its
-// cycles. The same bits either way.
+// Wgrad storing bf16 through the TMA: a warp's 16 rows of a 64 x 32 box by four stmatrix.x2 (the default; env
+// MXTRAIN_GG_WGRAD_EPI_STORE=stmatrix) or by eight st.shared.b32 (words). Half the epilogue's shared-store
+// instructions, for the W2 call whose epilogue ncu puts at 9.5% of its cycles; the same bits either way. Session 73
+// (H100, two bench runs): the single W2 call +0.5% / +0.6%, W13 +0.7% / +0.5%, the 8x7B step +0.3% over 3 rounds.
 bool wgrad_epi_stmatrix() {
   const int o = g_wgrad_epi_stm.load();
   if (o >= 0) return o == 1;
-  static const bool v = env_choice("MXTRAIN_GG_WGRAD_EPI_STORE", {"words", "stmatrix"}) == 1;
+  static const bool v = env_choice("MXTRAIN_GG_WGRAD_EPI_STORE", {"stmatrix", "words"}) == 0;
   return v;
 }
 

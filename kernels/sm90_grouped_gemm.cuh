@@ -59,8 +59,8 @@ void set_grouped_wgrad_order(int by_rows);
 // bits.
 void set_grouped_wgrad_epi_bars(int bars);
 // Weight gradient storing a bf16 dW through the TMA: 1 = each warp writes its rows of a 64 x 32 box by four
-// stmatrix.x2 (env MXTRAIN_GG_WGRAD_EPI_STORE=stmatrix), 0 = by eight st.shared.b32 (words, the default), -1
-// restores the env var's choice. The same bits.
+// stmatrix.x2 (the default; env MXTRAIN_GG_WGRAD_EPI_STORE=stmatrix), 0 = by eight st.shared.b32 (words, env
+// MXTRAIN_GG_WGRAD_EPI_STORE=words), -1 restores the env var's choice. The same bits.
 void set_grouped_wgrad_epi_stmatrix(int on);
 // Tests: while on, each weight-gradient launch's CTA 0 writes the schedule's expert order (position -> expert) to a
 // device buffer that recorded_wgrad_order reads back (after a device synchronisation).

@@ -285,24 +285,24 @@ void bench_shape(mxt::CudaOps& ops, const Shape& s, int runs, bool with_wmma, bo
       // (device_dist_checks.sh wgncu16).
       std::string tag = op.name;
       std::replace(tag.begin(), tag.end(), ' ', '_');
-      // Variants of ours, each the same bits: c2n, CTA pairs over n (else over m, the trainer's); rows, the
-      // schedule's experts by decreasing k-blocks (set_grouped_wgrad_order); bars2, the epilogue's two named
-      // barriers per box, the form before session 61 (set_grouped_wgrad_epi_bars); direct, st.global from the
-      // registers instead of the TMA's boxes (set_grouped_wgrad_tma(0)); stmatrix, the boxes written by stmatrix.x4
-      // (set_grouped_wgrad_epi_stmatrix).
+      // Variants of ours, each the same bits; -1 keeps the default (or the env var's choice). c2n, CTA pairs over n
+      // (else over m, the trainer's); words, the epilogue's boxes by per-word st.shared instead of stmatrix.x2, the
+      // default before session 73 (set_grouped_wgrad_epi_stmatrix); bars2, two named barriers per box, the form
+      // before session 61 (set_grouped_wgrad_epi_bars); rows, the schedule's experts by decreasing k-blocks
+      // (set_grouped_wgrad_order); direct, st.global from the registers instead of the TMA's boxes
+      // (set_grouped_wgrad_tma(0)).
       struct Variant {
         const char* tag;
         const char* name;
         int code, by_rows, bars, direct, stm;
       };
       const Variant variants[] = {
-          {"_bf16_c2m", "c2m", 3, 0, -1, 0, 0},
-          {"_bf16_c2m_bars2", "c2m, two barriers per epilogue box", 3, 0, 2, 0, 0},
-          {"_bf16_c2m_rows", "c2m, experts by rows", 3, 1, -1, 0, 0},
-          {"_bf16_c2m_stm", "c2m, stmatrix", 3, 0, -1, 0, 1},
-          {"_bf16_c2m_rows_stm", "c2m, experts by rows, stmatrix", 3, 1, -1, 0, 1},
-          {"_bf16_c2n", "c2n", 2, 0, -1, 0, 0},
-          {"_bf16_c2m_direct", "c2m, st.global", 3, 0, -1, 1, 0},
+          {"_bf16_c2m", "c2m", 3, -1, -1, 0, -1},
+          {"_bf16_c2m_words", "c2m, words", 3, -1, -1, 0, 0},
+          {"_bf16_c2m_bars2", "c2m, two barriers per epilogue box", 3, -1, 2, 0, -1},
+          {"_bf16_c2m_rows", "c2m, experts by rows", 3, 1, -1, 0, -1},
+          {"_bf16_c2n", "c2n", 2, -1, -1, 0, -1},
+          {"_bf16_c2m_direct", "c2m, st.global", 3, -1, -1, 1, -1},
       };
       constexpr int kVariants = static_cast<int>(sizeof(variants) / sizeof(variants[0]));
       auto ours = [&, tag](const Variant& v) {
