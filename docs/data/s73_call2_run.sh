@@ -5,7 +5,7 @@
 #   bash scripts/pack_devbin.sh --only mxtrain_tests,bench_grouped_gemm devbin/bins.tgz main=<main build>
 #  1. the wgrad, grouped-GEMM and MoE GPU tests;
 #  2. the single wgrad call beside cuBLASLt, 12 rotations (c2m = the default, c2m words = before, ...);
-#  3. 8x7B 2 layers: stmatrix / words alternating, two rounds, ours only;
+#  3. 8x7B 2 layers: stmatrix / words / rows (+ stmatrix) in turn, two rounds, ours only;
 #  4. 8x7B beside HF twice (the default), the ratio of the day; 5. the bench again.
 set -u
 BIN=m/main
@@ -22,6 +22,7 @@ if $big; then
   for r in 1 2; do
     trainer 200 stm_$r 8x7B-2layer
     trainer 200 words_$r 8x7B-2layer MXTRAIN_GG_WGRAD_EPI_STORE=words
+    trainer 200 rows_$r 8x7B-2layer MXTRAIN_GG_WGRAD_ORDER=rows
   done
   trainer 330 hf_1 8x7B-2layer --hf
   trainer 400 hf_2 8x7B-2layer --hf
