@@ -76,6 +76,25 @@ trainer() {
   t "trainer $name rc $?"
 }
 
+# Whether this card holds the 8x7B 2-layer step (it plans 75.4 GiB, measured peak 75.40): true from 80,000 MiB (an
+# H100 reports 81,559), else notes the skip.
+fits_8x7B() {
+  local mib
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+  [ "${mib:-0}" -ge 80000 ] && return 0
+  t "trainer runs skipped: ${mib:-no} MiB on this card, the step plans 75.4 GiB"
+  return 1
+}
+
+# rotating_rows NAME...: each bench_grouped_gemm log's ($W/NAME.txt) rotating rows with the spaces squeezed.
+rotating_rows() {
+  local f
+  for f in "$@"; do
+    echo "== $f"
+    grep -h 'rotating' "$W/$f.txt" | grep -v '^|' | sed 's/ \+/ /g' | cut -c1-120
+  done
+}
+
 # The trainer runs' result lines, one per run: the tok/s table's row, then each run's median SM clock (ours, HF).
 trainer_summary() {
   local f

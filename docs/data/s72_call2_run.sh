@@ -3,7 +3,7 @@
 # s70_call1_run.sh and s72_call1_run.sh, which never ran and are removed): the bf16 wgrad epilogue's
 # boxes written by stmatrix.x2, and the experts-by-rows order, each against main's defaults.
 # Pack: one build, branch wip/s72-stmatrix (dafb247 = main 49bca16 plus the stmatrix form as an option; also
-# docs/data/s72_wip_wgrad_epi_stmatrix.patch), as `stm` (26 MB):
+# main since session 73), as `stm` (26 MB):
 #   bash scripts/pack_devbin.sh --only mxtrain_tests,bench_grouped_gemm devbin/bins.tgz stm=<branch build>
 # Its defaults are main's (index order, per-word stores); the variables pick the others.
 #  1. the branch's wgrad, grouped-GEMM and MoE GPU tests (Bf16EpilogueFormsChangeNoBit: stmatrix = words, bit
@@ -20,10 +20,8 @@ source scripts/device_call_lib.sh
 call_begin s72c2
 step 90 tests_stm -- m/stm/mxtrain_tests --gtest_filter='CudaExpertWgradGroup.*:CudaGroupedGemm*:CudaMoe*'
 step 70 gg_wgrad_1 -- m/stm/bench_grouped_gemm --no-wmma --shape 8x7B --ops wgrad --runs 12
-mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
 big=false
-[ "${mib:-0}" -ge 80000 ] && big=true
-$big || t "trainer runs skipped: ${mib:-no} MiB on this card, the step plans 75.4 GiB"
+fits_8x7B && big=true
 if $big; then
   for r in 1 2 3; do
     trainer 260 index_$r 8x7B-2layer MXTRAIN_GG_WGRAD_ORDER=index MXTRAIN_GG_WGRAD_EPI_STORE=words
@@ -36,7 +34,5 @@ step 70 gg_wgrad_2 -- m/stm/bench_grouped_gemm --no-wmma --shape 8x7B --ops wgra
 $big && trainer 330 hf_1 8x7B-2layer --hf
 call_end
 cat "$W/gpu.txt"
-for f in gg_wgrad_1 gg_wgrad_2; do
-  echo "== $f"; grep -h 'rotating' "$W/$f.txt" | grep -v '^|' | sed 's/ \+/ /g' | cut -c1-120
-done
+rotating_rows gg_wgrad_1 gg_wgrad_2
 trainer_summary

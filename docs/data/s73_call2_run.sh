@@ -14,10 +14,8 @@ source scripts/device_call_lib.sh
 call_begin s73c2
 step 90 tests -- m/main/mxtrain_tests --gtest_filter='CudaExpertWgradGroup.*:CudaGroupedGemm*:CudaMoe*'
 step 70 gg_wgrad_1 -- m/main/bench_grouped_gemm --no-wmma --shape 8x7B --ops wgrad --runs 12
-mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
 big=false
-[ "${mib:-0}" -ge 80000 ] && big=true
-$big || t "trainer runs skipped: ${mib:-no} MiB on this card, the step plans 75.4 GiB"
+fits_8x7B && big=true
 if $big; then
   for r in 1 2; do
     trainer 200 stm_$r 8x7B-2layer
@@ -30,7 +28,5 @@ fi
 step 70 gg_wgrad_2 -- m/main/bench_grouped_gemm --no-wmma --shape 8x7B --ops wgrad --runs 12
 call_end
 cat "$W/gpu.txt"
-for f in gg_wgrad_1 gg_wgrad_2; do
-  echo "== $f"; grep -h 'rotating' "$W/$f.txt" | grep -v '^|' | sed 's/ \+/ /g' | cut -c1-120
-done
+rotating_rows gg_wgrad_1 gg_wgrad_2
 trainer_summary

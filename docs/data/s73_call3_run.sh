@@ -9,4 +9,4 @@ call_begin s73c3
 step 80 gg_wgrad_1 -- m/main/bench_grouped_gemm --no-wmma --shape 8x7B --ops wgrad --runs 12
 call_end
 cat "$W/gpu.txt"
-echo "== gg_wgrad_1"; grep -h 'rotating' "$W/gg_wgrad_1.txt" | grep -v '^|' | sed 's/ \+/ /g' | cut -c1-120
+rotating_rows gg_wgrad_1
